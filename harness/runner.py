@@ -263,9 +263,10 @@ def run_lab(request: RunRequest, echo: bool = True) -> RunResult:
     if record is None:
         record = _harness_record(request, reason or record_error or "no record")
         write_json_atomic(record_path, record)
-    elif reason and record["status"] == "ok":
-        # The lab finished its part, but the run as a whole failed (a rank died after rank 0 wrote).
-        record.update(status="failed", reason=reason, lab_status="ok")
+    elif reason:
+        # The launcher's account comes first: when rank 1 dies, rank 0 typically fails too
+        # ("connection reset", "Horovod has been shut down"), and that is a consequence.
+        record.update(status="failed", reason=reason, lab_status=record["status"], lab_reason=record["reason"])
         write_json_atomic(record_path, record)
 
     status = "ok" if process.returncode == 0 and record["status"] == "ok" and not record_error else "failed"

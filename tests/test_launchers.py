@@ -1,0 +1,109 @@
+"""Launcher command lines and failure reports, without starting anything."""
+
+from pathlib import Path
+
+import pytest
+
+from harness import launchers
+from harness.launchers import LAUNCHERS, LaunchSpec
+
+
+def spec(world_size: int = 2) -> LaunchSpec:
+    return LaunchSpec(program=Path("/repo/labs/check/check.py"), lab_args=["--backend", "gloo", "--record", "r.json"],
+                      world_size=world_size, log_dir=Path("/run/logs"), python="/venv/bin/python",
+                      env_names=("OMP_NUM_THREADS", "MASTER_ADDR"))
+
+
+def test_torchrun_is_standalone_with_one_process_per_rank_and_per_rank_logs():
+    command = LAUNCHERS["torchrun"].command(spec(4))
+    assert "--standalone" in command
+    assert command[command.index("--nproc-per-node") + 1] == "4"
+    assert command[command.index("--log-dir") + 1] == "/run/logs"
+    assert command[-5:] == ["/repo/labs/check/check.py", "--backend", "gloo", "--record", "r.json"]
+
+
+def test_horovodrun_uses_gloo_on_localhost_slots():
+    command = LAUNCHERS["horovodrun"].command(spec(3))
+    assert command[1:4] == ["--gloo", "-np", "3"]
+    assert command[command.index("-H") + 1] == "localhost:3"
+    assert command[command.index("--output-filename") + 1] == "/run/logs"
+    assert "/venv/bin/python" in command
+
+
+@pytest.mark.parametrize(("euid", "cores", "world_size", "root_flag", "oversubscribe"), [
+    (0, 2, 2, True, False), (1000, 2, 2, False, False), (0, 2, 4, True, True), (1000, 1, 2, False, True)])
+def test_mpirun_flags_only_when_needed(monkeypatch, euid, cores, world_size, root_flag, oversubscribe):
+    monkeypatch.setattr(launchers.os, "geteuid", lambda: euid)
+    monkeypatch.setattr(launchers.os, "cpu_count", lambda: cores)
+    command = LAUNCHERS["mpirun"].command(spec(world_size))
+    assert ("--allow-run-as-root" in command) is root_flag
+    assert ("--oversubscribe" in command) is oversubscribe
+    assert command[command.index("-np") + 1] == str(world_size)
+    assert command[command.index("--bind-to") + 1] == "none"
+    exported = [command[i + 1] for i, word in enumerate(command) if word == "-x"]
+    assert exported == ["OMP_NUM_THREADS", "MASTER_ADDR"]
+
+
+def test_python_is_one_plain_process():
+    assert LAUNCHERS["python"].command(spec(1)) == ["/venv/bin/python", "/repo/labs/check/check.py", "--backend",
+                                                    "gloo", "--record", "r.json"]
+
+
+# Real launcher output, captured from torch 2.14.1, Horovod 0.28.1 and Open MPI 5.0.11.
+TORCHRUN_OUTPUT = """\
+Failures:
+[1]:
+  time      : 2026-11-30_04:43:15
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 5648)  (SIGTERM)
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_04:43:15
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 5649)  (SIGKILL)
+"""
+HOROVODRUN_OUTPUT = """\
+RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus causing the job to be \
+terminated. The first process to do so was:
+Process name: 1
+Exit code: 3
+"""
+MPIRUN_EXIT = """\
+prterun detected that one or more processes exited with non-zero status,
+thus causing the job to be terminated. The first process to do so was:
+
+   Process name: [prterun-vm-5482@1,1]
+   Exit code:    3
+"""
+MPIRUN_SIGNAL = """\
+prterun noticed that process rank 1 with PID 5522 on node vm exited on
+signal 9 (Killed).
+"""
+
+
+@pytest.mark.parametrize(("launcher", "output", "rank", "code", "signal"), [
+    ("torchrun", TORCHRUN_OUTPUT, 1, -9, "SIGKILL"),
+    ("horovodrun", HOROVODRUN_OUTPUT, 1, 3, None),
+    ("mpirun", MPIRUN_EXIT, 1, 3, None),
+    ("mpirun", MPIRUN_SIGNAL, 1, None, "SIGKILL"),
+])
+def test_failing_rank_is_read_from_the_launcher(launcher, output, rank, code, signal):
+    failure = LAUNCHERS[launcher].failure(output)
+    assert (failure.rank, failure.exit_code, failure.signal) == (rank, code, signal)
+
+
+def test_unrecognised_output_names_no_rank():
+    assert all(LAUNCHERS[name].failure("something else entirely") is None for name in LAUNCHERS)
+
+
+def test_mpirun_tagged_output_is_split_per_rank(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "launcher.log").write_text(
+        "[1,0]<stdout>: hello from 0\n[1,1]<stderr>: oops on 1\nuntagged launcher line\n[1,1]<stdout>: bye\n")
+    logs = LAUNCHERS["mpirun"].rank_logs(tmp_path / "logs")
+    assert sorted(logs) == [0, 1]
+    assert logs[1][0].read_text() == "oops on 1\nbye\n"
+    assert logs[0][0].read_text() == "hello from 0\n"
