@@ -95,7 +95,9 @@ def build_wheel(python: str, flags: dict[str, str], bin_dir: Path, target: Path)
             check=True,
         )
         with tarfile.open(next(work.glob("horovod-*.tar.gz"))) as sdist:
-            sdist.extractall(work, filter="data")
+            # The "data" filter refuses unsafe member paths; Pythons before 3.11.4 lack it.
+            safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            sdist.extractall(work, **safe)
         source = work / f"horovod-{HOROVOD_VERSION}"
         for patch in sorted(PATCH_DIR.glob("*.patch")):
             print(f"build_horovod: applying {patch.name}", flush=True)
