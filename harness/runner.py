@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -136,7 +137,7 @@ def stop_run(process: subprocess.Popen[str], run_id: str) -> None:
         process.wait(timeout=2)
 
 
-def _pump(stream: TextIO, sinks: list[TextIO], echo: bool) -> None:
+def _pump(stream: TextIO, sinks: list[TextIO], echo: bool, on_line: Callable[[str], None] | None) -> None:
     for line in stream:
         for sink in sinks:
             sink.write(line)
@@ -144,6 +145,8 @@ def _pump(stream: TextIO, sinks: list[TextIO], echo: bool) -> None:
         if echo:
             sys.stdout.write(line)
             sys.stdout.flush()
+        if on_line:
+            on_line(line.rstrip("\n"))
 
 
 def _stack_dumps(run_id: str, program: Path) -> str:
@@ -181,7 +184,7 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
         return ""
 
 
-def run_lab(request: RunRequest, echo: bool = True) -> RunResult:
+def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], None] | None = None) -> RunResult:
     run_dir = new_run_dir(request.results_root, request.lab, request.world_size, request.launcher)
     (run_dir / "logs").mkdir()
     record_path = run_dir / "record.json"
@@ -219,7 +222,7 @@ def run_lab(request: RunRequest, echo: bool = True) -> RunResult:
         sinks.append((run_dir / "logs" / "rank.0.out").open("w"))
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                text=True, env=env, start_new_session=True)
-    pump = threading.Thread(target=_pump, args=(process.stdout, sinks, echo), daemon=True)
+    pump = threading.Thread(target=_pump, args=(process.stdout, sinks, echo, on_line), daemon=True)
     pump.start()
     try:
         process.wait(timeout=request.timeout_s)

@@ -1,0 +1,175 @@
+"""Grading: bands, confidence intervals, profile schema and selection, reports."""
+
+import json
+import math
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness import calibrate, profiles, report
+from harness.grade import Sample, Verdict, band_verdict, evaluate_across, evaluate_cell
+from harness.profiles import Band, LabExpectation, ProfileError, load_profile
+from harness.stats import mean_ci, t95
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def sample(status="ok", wall=10.0, **metrics) -> Sample:
+    checks = metrics.pop("checks", {"params_identical": {"passed": True}})
+    return Sample("run", status, None if status == "ok" else "boom", wall,
+                  {"metrics": metrics, "checks": checks, "status": status})
+
+
+def test_confidence_interval_matches_student_t():
+    interval = mean_ci([10.0, 12.0, 14.0])
+    # mean 12, sd 2, t(2) = 4.303: half width 4.303 * 2 / sqrt(3)
+    assert interval.mean == 12.0
+    assert math.isclose(interval.half_width, 4.303 * 2 / math.sqrt(3), rel_tol=1e-9)
+    assert mean_ci([5.0]).low == mean_ci([5.0]).high == 5.0
+    assert t95(11) == t95(10) > t95(12)  # between table rows the wider (safer) quantile is used
+    with pytest.raises(ValueError):
+        mean_ci([])
+
+
+def test_throughput_passes_unless_the_whole_interval_is_below_the_threshold():
+    band = Band("img_per_sec", expected={2: 100.0}, at_least_fraction=0.8)
+    assert band_verdict("ddp", 2, band, [sample(img_per_sec=v) for v in (85, 90, 95)]).passed
+    assert band_verdict("ddp", 2, band, [sample(img_per_sec=v) for v in (70, 78, 85)]).passed  # CI reaches 80
+    assert not band_verdict("ddp", 2, band, [sample(img_per_sec=v) for v in (60, 61, 62)]).passed
+    assert band_verdict("ddp", 4, band, [sample(img_per_sec=1)]).passed is None  # no expectation at 4
+
+
+def test_min_max_and_value_tolerance_bands():
+    assert band_verdict("ddp", 1, Band("final_accuracy", min=0.5, max=1.0), [sample(final_accuracy=0.6)]).passed
+    assert not band_verdict("ddp", 1, Band("final_accuracy", min=0.5), [sample(final_accuracy=0.4)]).passed
+    assert band_verdict("x", 1, Band("m", value=1.0, tolerance=0.1), [sample(m=1.05)]).passed
+    assert not band_verdict("x", 1, Band("m", value=1.0, tolerance=0.1), [sample(m=1.2)]).passed
+    missing = band_verdict("x", 1, Band("m", min=0), [sample(other=1)])
+    assert not missing.passed and "lacks metrics.m" in missing.detail
+
+
+def test_cell_checks_status_required_checks_and_time():
+    exp = LabExpectation("ddp", (1, 2), time_budget_s=20, required_checks=("params_identical", "shards_disjoint"))
+    verdicts = {v.check: v for v in evaluate_cell(exp, 2, [sample(wall=25.0)])}
+    assert verdicts["run"].passed
+    assert verdicts["check:params_identical"].passed
+    assert not verdicts["check:shards_disjoint"].passed  # a program that does not report it fails
+    assert "has no check 'shards_disjoint'" in verdicts["check:shards_disjoint"].detail
+    assert not verdicts["time"].passed
+    failing = evaluate_cell(exp, 2, [sample(checks={"params_identical": {"passed": False, "digests": 2}})])
+    assert not {v.check: v for v in failing}["check:params_identical"].passed
+    crashed = evaluate_cell(exp, 2, [sample(status="failed")])
+    assert not crashed[0].passed and crashed[0].detail == "boom"
+
+
+def test_accuracy_invariance_and_efficiency_across_world_sizes():
+    exp = LabExpectation("ddp", (1, 2, 4), accuracy_delta=0.05, efficiency_min={2: 0.8, 4: 0.8})
+    cells = {1: [sample(final_accuracy=0.80, img_per_sec=100)],
+             2: [sample(final_accuracy=0.78, img_per_sec=180)],
+             4: [sample(final_accuracy=0.70, img_per_sec=200)]}
+    verdicts = {(v.world_size, v.check): v for v in evaluate_across(exp, cells)}
+    assert verdicts[(2, "accuracy_vs_ws1")].passed
+    assert not verdicts[(4, "accuracy_vs_ws1")].passed
+    assert verdicts[(2, "efficiency")].measured == "0.900" and verdicts[(2, "efficiency")].passed
+    assert verdicts[(4, "efficiency")].measured == "0.500" and not verdicts[(4, "efficiency")].passed
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    return path
+
+
+GOOD = """
+name = "p"
+[measured]
+where = "here"
+how = "by hand"
+date = "2026-11-30"
+[match]
+gpus = 0
+[labs.ddp]
+world_sizes = [1, 2]
+[labs.ddp.metrics.img_per_sec]
+expected = { "1" = 100.0 }
+at_least_fraction = 0.5
+"""
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (("world_sizes = [1, 2]", "world_sizes = []"), "key 'labs.ddp.world_sizes': expected a non-empty list"),
+    (("at_least_fraction = 0.5", "at_least_fraction = 1.5"), "key 'labs.ddp.metrics.img_per_sec.at_least_fraction'"
+                                                             ": expected a number in [0.0, 1.0], got 1.5"),
+    (('"1" = 100.0', '"one" = 100.0'), "key 'labs.ddp.metrics.img_per_sec.expected.one'"),
+    (("[labs.ddp]", "[labs.nosuchlab]"), "key 'labs.nosuchlab': expected a lab name"),
+    (('where = "here"\n', ""), "key 'measured.where': expected a string"),
+    (("gpus = 0", 'gpus = "none"'), "key 'match.gpus': expected a GPU count"),
+    (("world_sizes = [1, 2]", "world_sizes = [1, 2]\nbogus = 1"), "key 'labs.ddp.bogus'"),
+    (("name = ", "name = = "), "not valid TOML"),
+])
+def test_an_invalid_profile_names_file_key_and_expectation(tmp_path, edit, message):
+    path = write(tmp_path, GOOD.replace(*edit))
+    with pytest.raises(ProfileError) as error:
+        load_profile(path)
+    assert str(path) in str(error.value)
+    assert message in str(error.value)
+
+
+def test_profile_selection_by_fingerprint(tmp_path):
+    (tmp_path / "cpu.toml").write_text(GOOD.replace('name = "p"', 'name = "cpu"'))
+    (tmp_path / "h100.toml").write_text(GOOD.replace('name = "p"', 'name = "h100"').replace(
+        "gpus = 0", 'gpus = 8\ngpu_model = "H100"'))
+    (tmp_path / "smoke.toml").write_text(GOOD.replace('name = "p"', 'name = "smoke"\nauto_select = false'))
+    cpu_host = {"gpus": 0, "gpu_models": [], "cores": 2}
+    h100_host = {"gpus": 8, "gpu_models": ["NVIDIA H100 80GB HBM3"] * 8, "cores": 112}
+    assert profiles.resolve(None, cpu_host, tmp_path).name == "cpu"
+    assert profiles.resolve(None, h100_host, tmp_path).name == "h100"
+    assert profiles.resolve("smoke", cpu_host, tmp_path).name == "smoke"  # explicit beats auto_select
+    with pytest.raises(ProfileError, match="no profile fits this host .4 GPUs.*profiles: cpu, h100, smoke.*calibrate"):
+        profiles.resolve(None, {"gpus": 4, "gpu_models": ["NVIDIA A100"] * 4, "cores": 64}, tmp_path)
+    with pytest.raises(ProfileError, match="no profile 'nope'; profiles: cpu, h100, smoke"):
+        profiles.resolve("nope", cpu_host, tmp_path)
+
+
+def test_shipped_profiles_and_plans_are_valid_and_say_where_they_were_measured():
+    paths = profiles.available() + sorted((profiles.PROFILE_DIR / "plans").glob("*.toml"))
+    assert paths
+    for path in paths:
+        profile = load_profile(path)
+        assert profile.measured["where"] and profile.measured["how"]
+        if not profile.provisional:
+            assert profile.measured["date"][:2] == "20", f"{path}: a measured profile needs its date"
+
+
+def test_report_writes_valid_junit_and_html_with_embedded_plots(tmp_path):
+    verdicts = [Verdict("ddp", 1, "run", "1/1 ok", "all ok", True),
+                Verdict("ddp", 2, "efficiency", "0.500", ">= 0.8", False, "T(2) / (2 T(1))"),
+                Verdict("ddp", 4, "img_per_sec", "1", "n/a", None, "no expectation")]
+    done = {("ddp", 1): [sample(img_per_sec=100.0, test_accuracy=[0.3, 0.5])],
+            ("ddp", 2): [sample(img_per_sec=100.0, test_accuracy=[0.3, 0.45])]}
+    summary = {"profile": "p", "provisional": False, "runs": 2, "wall_seconds": 3.0}
+    paths = report.write_report(tmp_path / "r", summary, verdicts, done)
+    suite = ET.parse(paths["junit"]).getroot().find("testsuite")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "1", "1")
+    failure = suite.find(".//testcase/failure")
+    assert "efficiency: measured 0.500, expected >= 0.8" in failure.get("message")
+    page = paths["html"].read_text()
+    assert page.count("data:image/png;base64,") == 2  # accuracy per epoch, throughput + efficiency
+    assert "<td>FAIL</td>" in page
+    assert "**FAIL**" in paths["markdown"].read_text()
+    assert (tmp_path / "r" / "throughput.png").stat().st_size > 1000
+
+
+def test_calibration_derives_bands_from_the_measured_spread():
+    cells = {1: [sample(wall=10, img_per_sec=v, final_accuracy=a) for v, a in ((100, 0.80), (110, 0.82), (90, 0.81))],
+             2: [sample(wall=12, img_per_sec=v, final_accuracy=0.8) for v in (180, 190, 170)]}
+    table = calibrate.derive_lab({"world_sizes": [1, 2], "args": ["--smoke"]}, "img_per_sec", cells)
+    assert table["metrics"]["img_per_sec"]["expected"] == {"1": 100.0, "2": 180.0}
+    # (mean - 3 sd) / mean at world size 1: (100 - 30) / 100 = 0.7; at 2: (180 - 30) / 180 = 0.833 -> min 0.7
+    assert table["metrics"]["img_per_sec"]["at_least_fraction"] == 0.7
+    assert table["efficiency_min"] == {"2": round(0.7 * 180 / 200, 3)}
+    assert table["metrics"]["final_accuracy"]["min"] == round(0.80 - 0.05, 3)
+    assert table["time_budget_s"] == 66
+    assert table["required_checks"] == ["params_identical"]
+    assert json.dumps(table)  # plain data, ready for TOML
