@@ -109,7 +109,8 @@ def build_wheel(python: str, flags: dict[str, str], bin_dir: Path, target: Path)
         # unless told which policies to assume.
         env.setdefault("CMAKE_POLICY_VERSION_MINIMUM", "3.5")
         subprocess.run(
-            [python, "-m", "pip", "wheel", "--no-cache-dir", "--no-build-isolation", "--no-deps", "-w", str(work / "dist"), str(source)],
+            [python, "-m", "pip", "wheel", "--no-cache-dir", "--no-build-isolation", "--no-deps",
+             "-w", str(work / "dist"), str(source)],
             check=True,
             env=env,
         )

