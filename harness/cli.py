@@ -10,8 +10,10 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
+from harness import multinode
 from harness.labs import DEFAULT_LAUNCHER, LABS, LAUNCHERS_FOR_BACKEND
 from harness.launchers import LAUNCHERS, find_tool
+from harness.multinode import PlacementError
 from harness.runner import RunRequest, RunResult, default_threads, run_lab, tail
 
 if TYPE_CHECKING:
@@ -65,6 +67,21 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=positive_float, default=900.0, help="seconds before the run is ended")
     parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
     parser.add_argument("--program", type=Path, help="run this program instead of the lab's own (same contract)")
+    parser.add_argument("--max-restarts", type=int, default=0,
+                        help="torchrun: restart all ranks this often after a failure (elastic)")
+    nodes = parser.add_argument_group("several nodes (docs/multinode.md)")
+    nodes.add_argument("--nnodes", type=positive_int, default=1, help="torchrun: number of nodes")
+    nodes.add_argument("--node-rank", type=int, default=0, help="torchrun: this node's rank, 0..nnodes-1")
+    nodes.add_argument("--rdzv-endpoint", help="torchrun: HOST:PORT of the c10d rendezvous (served by node 0)")
+    nodes.add_argument("--rdzv-id", default="distlab", help="torchrun: job id shared by all nodes")
+    nodes.add_argument("--rdzv-timeout", type=positive_float, default=60.0,
+                       help="seconds to wait for the endpoint and the other nodes (default 60)")
+    nodes.add_argument("--local-addr", help="torchrun: this node's address as the others reach it "
+                       "(default: the source address of the route to the endpoint)")
+    nodes.add_argument("--hosts", help="mpirun/horovodrun: host:slots,... (e.g. node0:2,node1:2)")
+    nodes.add_argument("--hostfile", type=Path, help="mpirun/horovodrun: a hostfile (host slots=N per line)")
+    nodes.add_argument("--gloo-ifname", help="network interface for Gloo (sets GLOO_SOCKET_IFNAME)")
+    nodes.add_argument("--nccl-ifname", help="network interface for NCCL (sets NCCL_SOCKET_IFNAME)")
 
 
 def add_grade_args(parser: argparse.ArgumentParser) -> None:
@@ -86,8 +103,63 @@ def gpu_count() -> int:
 
 
 def resolve_request(lab_name: str, world_size: int, args: argparse.Namespace, lab_args: list[str]) -> RunRequest:
-    return build_request(lab_name, world_size, lab_args, launcher=args.launcher, backend=args.backend,
-                         threads=args.threads, timeout_s=args.timeout, results_root=args.results, program=args.program)
+    request = build_request(lab_name, world_size, lab_args, launcher=args.launcher, backend=args.backend,
+                            threads=args.threads, timeout_s=args.timeout, results_root=args.results,
+                            program=args.program)
+    try:
+        place(request, args)
+    except PlacementError as error:
+        raise UsageError(str(error)) from None
+    return request
+
+
+def place(request: RunRequest, args: argparse.Namespace) -> None:
+    """Multi-node and restart settings, checked before anything starts."""
+    if args.max_restarts < 0:
+        raise PlacementError(f"--max-restarts {args.max_restarts} is negative; use 0 or more")
+    if args.max_restarts and request.launcher != "torchrun":
+        raise PlacementError("--max-restarts needs torchrun (elastic restarts); add --launcher torchrun")
+    request.max_restarts = args.max_restarts
+    env = {name: value for name, value in (("GLOO_SOCKET_IFNAME", args.gloo_ifname),
+                                           ("NCCL_SOCKET_IFNAME", args.nccl_ifname)) if value}
+    request.extra_env.update(env)
+    interface = args.gloo_ifname or args.nccl_ifname
+    if args.nnodes > 1 or args.rdzv_endpoint:
+        if request.launcher != "torchrun":
+            raise PlacementError("--nnodes/--rdzv-endpoint are torchrun's; for mpirun or horovodrun use --hosts")
+        if not 0 <= args.node_rank < args.nnodes:
+            raise PlacementError(f"--node-rank {args.node_rank} is outside 0..{args.nnodes - 1} (--nnodes "
+                                 f"{args.nnodes})")
+        if request.world_size % args.nnodes:
+            raise PlacementError(f"world size {request.world_size} does not split evenly over {args.nnodes} nodes")
+        if not args.rdzv_endpoint:
+            raise PlacementError("several nodes need --rdzv-endpoint HOST:PORT (node 0's address)")
+        host, port = multinode.parse_endpoint(args.rdzv_endpoint)
+        address = multinode.resolve(host, "rendezvous host")
+        if args.node_rank > 0:  # node 0 serves the endpoint; the others must reach it
+            multinode.wait_reachable(address, port, args.rdzv_timeout)
+        local_addr = args.local_addr or multinode.local_address_towards(address, port)
+        request.placement.update(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
+                                 rdzv_id=args.rdzv_id, rdzv_timeout_s=args.rdzv_timeout, local_addr=local_addr)
+    elif args.hosts or args.hostfile:
+        if request.launcher not in ("mpirun", "horovodrun"):
+            raise PlacementError("--hosts/--hostfile are for mpirun and horovodrun; for torchrun use --nnodes "
+                                 "and --rdzv-endpoint")
+        if args.hosts and args.hostfile:
+            raise PlacementError("give --hosts or --hostfile, not both")
+        hosts = multinode.parse_hosts(args.hosts) if args.hosts else multinode.parse_hostfile(args.hostfile)
+        slots = sum(n for _, n in hosts)
+        if slots < request.world_size:
+            raise PlacementError(f"the hosts offer {slots} slot(s) for world size {request.world_size}; "
+                                 "add slots (host:N) or lower --world-size")
+        for name, _ in hosts:
+            multinode.resolve(name, "host")
+        request.placement.update(hosts=hosts if args.hosts else (), hostfile=args.hostfile.resolve()
+                                 if args.hostfile else None, network_interface=interface)
+        # torch.distributed started by mpirun meets at the first host, not at loopback.
+        request.extra_env["MASTER_ADDR"] = multinode.resolve(hosts[0][0], "host")
+    elif args.node_rank:
+        raise PlacementError(f"--node-rank {args.node_rank} without --nnodes; give both")
 
 
 def build_request(lab_name: str, world_size: int, lab_args: list[str], *, launcher: str | None = None,
@@ -141,11 +213,18 @@ def print_summary(result: RunResult) -> None:
         console.print(f"[green]ok[/green] in {result.wall_seconds:.1f} s  {shown}")
     else:
         console.print(f"[red]FAILED[/red] after {result.wall_seconds:.1f} s: {result.reason}")
-        rank = result.failure.rank if result.failure and result.failure.rank is not None else 0
-        log = result.run_dir / f"rank.{rank}.log"
-        if log.exists():
-            console.print(f"--- last lines of rank {rank} ({log}) ---")
-            console.print(tail(log), markup=False)
+        if result.timed_out:  # a hang: every rank's last words, and where py-spy saw each stack
+            for log in sorted(result.run_dir.glob("rank.*.log")):
+                console.print(f"--- last lines of {log.stem} ({log}) ---")
+                console.print(tail(log, 5), markup=False)
+            if (result.run_dir / "stacks.txt").exists():
+                console.print(f"stacks of the hung ranks: {result.run_dir / 'stacks.txt'}")
+        else:
+            rank = result.failure.rank if result.failure and result.failure.rank is not None else 0
+            log = result.run_dir / f"rank.{rank}.log"
+            if log.exists():
+                console.print(f"--- last lines of rank {rank} ({log}) ---")
+                console.print(tail(log), markup=False)
     console.print(f"run directory: {run}")
 
 

@@ -27,6 +27,21 @@ class LaunchSpec:
     python: str = sys.executable
     env_names: tuple[str, ...] = ()  # variables mpirun must forward to its ranks
     max_restarts: int = 0
+    # Several nodes (see docs/multinode.md): torchrun meets at a c10d rendezvous endpoint;
+    # mpirun and horovodrun start every node's ranks from one place, given the hosts.
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_id: str = "distlab"
+    rdzv_timeout_s: float = 60.0
+    local_addr: str | None = None  # this node's address as its peers reach it
+    hosts: tuple[tuple[str, int], ...] = ()  # (host, slots)
+    hostfile: Path | None = None
+    network_interface: str | None = None
+
+    @property
+    def multinode(self) -> bool:
+        return self.nnodes > 1 or bool(self.hosts) or self.hostfile is not None
 
 
 @dataclass(frozen=True)
@@ -47,16 +62,40 @@ def _is_root() -> bool:
 
 
 def torchrun_command(spec: LaunchSpec) -> list[str]:
-    # --standalone: a c10d rendezvous on a free localhost port, so parallel runs never clash.
+    if spec.rdzv_endpoint:
+        # Every node runs this same line but --node-rank; they meet at the endpoint, which
+        # node 0 serves (is_host: torchrun would otherwise guess from hostnames, and guess wrong
+        # when the endpoint is one address among several). join_timeout bounds the wait for
+        # nodes that never come.
+        rendezvous = ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.node_rank), "--rdzv-backend", "c10d",
+                      "--rdzv-endpoint", spec.rdzv_endpoint, "--rdzv-id", spec.rdzv_id, "--rdzv-conf",
+                      f"join_timeout={int(spec.rdzv_timeout_s)},is_host={int(spec.node_rank == 0)}"]
+        # The workers' MASTER_ADDR comes from node 0's local address: by default its hostname,
+        # which on many clusters resolves to an interface the other nodes cannot reach.
+        if spec.local_addr:
+            rendezvous += ["--local-addr", spec.local_addr]
+    else:
+        # --standalone: a c10d rendezvous on a free localhost port, so parallel runs never clash.
+        rendezvous = ["--standalone", "--nnodes", "1"]
     # --redirects/--tee 3: each rank's stdout and stderr in its own file and on the console.
-    return [_tool(spec, "torchrun"), "--standalone", "--nnodes", "1", "--nproc-per-node", str(spec.world_size),
+    return [_tool(spec, "torchrun"), *rendezvous, "--nproc-per-node", str(spec.world_size // spec.nnodes),
             "--max-restarts", str(spec.max_restarts), "--log-dir", str(spec.log_dir), "--redirects", "3",
             "--tee", "3", str(spec.program), *spec.lab_args]
 
 
+def _host_list(spec: LaunchSpec) -> str:
+    return ",".join(f"{host}:{slots}" for host, slots in spec.hosts)
+
+
 def horovodrun_command(spec: LaunchSpec) -> list[str]:
-    return [_tool(spec, "horovodrun"), "--gloo", "-np", str(spec.world_size), "-H", f"localhost:{spec.world_size}",
-            "--network-interface", "lo", "--output-filename", str(spec.log_dir),
+    if spec.hostfile:
+        where = ["--hostfile", str(spec.hostfile)]
+    else:
+        where = ["-H", _host_list(spec) if spec.hosts else f"localhost:{spec.world_size}"]
+    # One node: Horovod's Gloo rendezvous stays on loopback; several: the interface they share.
+    interface = spec.network_interface or ("lo" if not spec.multinode else None)
+    return [_tool(spec, "horovodrun"), "--gloo", "-np", str(spec.world_size), *where,
+            *(["--network-interface", interface] if interface else []), "--output-filename", str(spec.log_dir),
             spec.python, str(spec.program), *spec.lab_args]
 
 
@@ -64,13 +103,21 @@ def mpirun_command(spec: LaunchSpec) -> list[str]:
     command = [_tool(spec, "mpirun")]
     if _is_root():
         command.append("--allow-run-as-root")  # Open MPI refuses root unless told; only then
-    if spec.world_size > (os.cpu_count() or 1):
-        command.append("--oversubscribe")  # more ranks than cores: allowed, and the record says so
+    if spec.world_size > (os.cpu_count() or 1) and not spec.multinode:
+        # More ranks than cores: allowed, and run.json says so. Across hosts, slots decide.
+        command.append("--oversubscribe")
     # --bind-to none: Open MPI binds each rank to one core by default, which would pin all
     # of a rank's OMP threads to that core and make thread counts above 1 meaningless.
     # --output tag: each line carries its rank ([job,rank]<stdout>:), so the console stays
     # live and the harness can still split the output into one log per rank.
     command += ["--bind-to", "none", "-np", str(spec.world_size), "--output", "tag"]
+    if spec.hostfile:
+        command += ["--hostfile", str(spec.hostfile)]
+    elif spec.hosts:
+        command += ["-H", _host_list(spec)]
+    if spec.network_interface:  # Open MPI's own TCP traffic on the same interface as the backends'
+        command += ["--mca", "btl_tcp_if_include", spec.network_interface,
+                    "--mca", "oob_tcp_if_include", spec.network_interface]
     for name in spec.env_names:
         command += ["-x", name]
     return command + [spec.python, str(spec.program), *spec.lab_args]

@@ -53,6 +53,8 @@ class RunRequest:
     results_root: Path = Path("results")
     python: str = sys.executable
     max_restarts: int = 0
+    placement: dict[str, Any] = field(default_factory=dict)  # multi-node LaunchSpec fields
+    extra_env: dict[str, str] = field(default_factory=dict)  # e.g. GLOO_SOCKET_IFNAME, MASTER_ADDR
 
 
 @dataclass
@@ -185,7 +187,9 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], None] | None = None) -> RunResult:
-    run_dir = new_run_dir(request.results_root, request.lab, request.world_size, request.launcher)
+    node = request.placement.get("node_rank") if request.placement.get("nnodes", 1) > 1 else None
+    run_dir = new_run_dir(request.results_root, request.lab, request.world_size,
+                          request.launcher + (f"-node{node}" if node is not None else ""))
     (run_dir / "logs").mkdir()
     record_path = run_dir / "record.json"
     run_id = uuid.uuid4().hex
@@ -197,6 +201,7 @@ def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], Non
         "MASTER_ADDR": "127.0.0.1",  # single node: rendezvous stays on loopback
         "MASTER_PORT": str(_free_port()),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+        **request.extra_env,
     })
     commit = _git_commit()
     if commit:
@@ -208,8 +213,10 @@ def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], Non
         log_dir=run_dir / "logs",
         python=request.python,
         env_names=tuple(name for name in ("DISTLAB_RUN_ID", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "MASTER_ADDR",
-                                          "MASTER_PORT", "PYTHONPATH", "DISTLAB_GIT_COMMIT") if name in env),
+                                          "MASTER_PORT", "PYTHONPATH", "DISTLAB_GIT_COMMIT", *request.extra_env)
+                        if name in env),
         max_restarts=request.max_restarts,
+        **request.placement,
     )
     command = LAUNCHERS[request.launcher].command(spec)
     (run_dir / "command.txt").write_text(
@@ -263,7 +270,12 @@ def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], Non
         record_error = str(error)
         if record_path.exists():  # keep the unreadable file for inspection, never half-read it
             os.replace(record_path, run_dir / "record.corrupt.json")
-    if record is None:
+    rank0_elsewhere = (record is None and not reason and process.returncode == 0
+                       and request.placement.get("nnodes", 1) > 1 and not record_path.exists())
+    if rank0_elsewhere:
+        # Rank 0 ran on another node and wrote the record there; this node's part went well.
+        record_error = None
+    elif record is None:
         record = _harness_record(request, reason or record_error or "no record")
         write_json_atomic(record_path, record)
     elif reason:
@@ -272,8 +284,9 @@ def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], Non
         record.update(status="failed", reason=reason, lab_status=record["status"], lab_reason=record["reason"])
         write_json_atomic(record_path, record)
 
-    status = "ok" if process.returncode == 0 and record["status"] == "ok" and not record_error else "failed"
-    final_reason = reason or record.get("reason") or record_error
+    lab_ok = record is None or record["status"] == "ok"
+    status = "ok" if process.returncode == 0 and lab_ok and not record_error else "failed"
+    final_reason = reason or (record or {}).get("reason") or record_error
     result = RunResult(run_dir, process.returncode if process.returncode is not None else -9, status,
                        None if status == "ok" else final_reason, record, failure, wall, timed_out, interrupted)
     write_json_atomic(run_dir / "run.json", {
@@ -284,6 +297,8 @@ def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], Non
         "failure": asdict(failure) if failure else None, "timed_out": timed_out, "interrupted": interrupted,
         "wall_seconds": wall, "record_error": record_error, "run_id": run_id,
         "rank_logs": {rank: str(path.name) for rank, path in rank_logs.items()},
+        "placement": {k: str(v) if isinstance(v, Path) else v for k, v in request.placement.items()},
+        "max_restarts": request.max_restarts,
     })
     if interrupted:
         raise KeyboardInterrupt
