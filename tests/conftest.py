@@ -63,3 +63,19 @@ def distlab_run(results: Path):
                       _load(run_dir / "run.json") if run_dir else None)
 
     return run
+
+
+@pytest.fixture
+def run_main(monkeypatch, capsys):
+    """Call a lab's main() in this process with argv; return its exit code and stderr.
+
+    For bad-input tests: the lab must stop with SystemExit before starting anything.
+    """
+
+    def call(main, program: str, *argv: str) -> tuple[int, str]:
+        monkeypatch.setattr(sys, "argv", [program, *argv])
+        with pytest.raises(SystemExit) as stop:
+            main()
+        return stop.value.code, capsys.readouterr().err
+
+    return call

@@ -157,7 +157,7 @@ def _mpi_library() -> str | None:
         return None
     from mpi4py import MPI
 
-    return MPI.Get_library_version().splitlines()[0].strip()
+    return MPI.Get_library_version().splitlines()[0].strip().rstrip("\x00")  # Open MPI ends it with a NUL
 
 
 def _gpus() -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""The collectives lab: each communication primitive, run and checked on every backend."""

@@ -1,0 +1,158 @@
+"""The bandwidth benchmark (labs/allreduce_bench) and the benchmark of the benchmark (harness/bench_collectives)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from harness import bench_collectives
+from labs.allreduce_bench import allreduce_bench as bench
+from labs.collectives.primitives import PRIMITIVES, lookup, round_count, unsupported
+
+TIMED = [p.name for p in PRIMITIVES if p.bus_factor is not None]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(("text", "size"), [("8", 8), ("1K", 1024), ("8M", 8 << 20), ("1G", 1 << 30),
+                                            ("64MiB", 64 << 20), ("2kb", 2048)])
+def test_sizes_read_like_nccl_tests(text, size):
+    assert bench.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["1.5M", "-8", "M", "8T", ""])
+def test_unreadable_sizes_are_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        bench.parse_size(text)
+
+
+def test_size_sweep_is_geometric_and_inclusive():
+    assert bench.sizes_between(1024, 8192, 2) == [1024, 2048, 4096, 8192]
+    assert bench.sizes_between(1024, 8000, 4) == [1024, 4096]
+    assert bench.sizes_between(64, 64, 2) == [64]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_bus_factors_are_the_ones_derived_in_performance_md(n):
+    factors = {p.name: p.bus_factor(n) for p in PRIMITIVES if p.bus_factor}
+    assert factors == pytest.approx({"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n,
+                                     "reduce_scatter": (n - 1) / n, "all_to_all": (n - 1) / n,
+                                     "broadcast": 1, "reduce": 1, "send_recv": 1})
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["-b", "1M", "-e", "1K"], "empty size range"),
+    (["-b", "6", "-e", "64"], "-b 6 is not a multiple of the 4-byte float32 element"),
+    (["-b", "8", "-e", "1004", "-d", "double"], "-e 1004 is not a multiple of the 8-byte float64 element"),
+    (["-n", "0"], "at least one timed iteration"),
+    (["-f", "1", "-b", "8", "-e", "64"], "step factor must be at least 2"),
+    (["--collective", "allgatherv"], "unknown 'allgatherv'"),
+    (["--collective", "barrier"], "no bandwidth"),
+    (["-d", "int8"], "unknown 'int8'"),
+    (["-o", "mean"], "invalid choice: 'mean'"),
+    (["--backend", "ucc"], "invalid choice: 'ucc'"),
+    (["-b", "lots"], "not a number of bytes"),
+    (["--backend", "horovod", "--collective", "reduce"], "nothing to measure on horovod: Horovod has no reduce"),
+    (["--backend", "mpi", "-o", "avg"], "nothing to measure on mpi: MPI has no average op"),
+])
+def test_bad_input_is_a_one_line_error(run_main, argv, says):
+    code, err = run_main(bench.main, "allreduce_bench.py", *argv)
+    assert code == 2
+    assert says in err.strip().splitlines()[-1]
+
+
+def assert_valid_bench_record(result, backend: str, world_size: int, collectives: list[str], sizes: list[int]) -> None:
+    """Every row: busbw = algbw x factor, algbw = size / time, min <= avg <= max, no wrong element; n/a with reasons."""
+    assert result.returncode == 0, result.output[-4000:]
+    record = result.record
+    metrics = record["metrics"]
+    assert record["status"] == "ok" and record["checks"]["no_wrong_elements"]["passed"]
+    assert metrics["world_size"] == world_size and metrics["collectives"] == collectives
+    seen = set()
+    for row in metrics["rows"]:
+        primitive = lookup(row["collective"])
+        assert row["count"] == round_count(primitive, row["count"], world_size)
+        assert row["size"] == row["count"] * 4
+        for mode in ("out-of-place", "in-place"):
+            measured = row[mode]
+            reason = unsupported(primitive, backend, mode, "float32", "sum" if primitive.reduces else None, world_size)
+            if reason:
+                assert measured == {"na": reason}
+                assert metrics["not_available"][row["collective"]][mode] == reason
+                continue
+            seen.add((row["collective"], mode))
+            assert measured["wrong"] == 0
+            assert measured["time_us_min"] <= measured["time_us"] <= measured["time_us_max"]
+            assert measured["algbw_gbps"] == pytest.approx(row["size"] / (measured["time_us"] * 1e-6) / 1e9)
+            assert measured["busbw_gbps"] == pytest.approx(measured["algbw_gbps"] * primitive.bus_factor(world_size))
+    for name in collectives:  # every size of the sweep, rounded down to whole chunks like nccl-tests, or skipped
+        counts = [round_count(lookup(name), s // 4, world_size) for s in sizes]
+        assert [r["size"] for r in metrics["rows"] if r["collective"] == name] == [c * 4 for c in counts if c]
+        assert [s["size"] for s in metrics["skipped"] if s["collective"] == name] == [
+            s for s, c in zip(sizes, counts, strict=True) if not c]
+    assert {name for name, _ in seen} == set(collectives)  # each collective measured in at least one mode
+    assert metrics["plot"] == "busbw.png"
+    assert (result.run_dir / "busbw.png").read_bytes().startswith(PNG)
+    for column in ("size", "count", "redop", "algbw", "busbw", "#wrong", "out-of-place", "in-place"):
+        assert column in result.output
+
+
+# World sizes 3 and 4 make the bus factors differ from 1 and 1/2, so a wrong factor cannot hide.
+# Horovod's calls are checked by the collectives lab's tests; the bench code around them is the same.
+@pytest.mark.integration
+@pytest.mark.parametrize(("backend", "world_size"), [("gloo", 4), ("mpi", 3)])
+def test_bench_writes_a_valid_record_for_every_collective(distlab_run, backend, world_size):
+    timed = TIMED
+    # 8 bytes is 2 float32 elements: too few to split across more ranks, so chunked collectives skip it.
+    result = distlab_run("allreduce_bench", world_size, backend=backend,
+                         lab_args=["-b", "8", "-e", "8K", "-f", "32", "-w", "1", "-n", "2",
+                                   "--collective", ",".join(timed)])
+    assert_valid_bench_record(result, backend, world_size, timed, [8, 256, 8192])
+
+
+@pytest.mark.integration
+def test_a_corrupted_result_fails_the_bench(distlab_run):
+    result = distlab_run("allreduce_bench", 1, launcher="python", backend="gloo",
+                         lab_args=["--smoke", "-e", "4K", "--collective", "all_reduce,all_gather", "--corrupt"])
+    assert result.returncode == 1, result.output[-3000:]
+    assert result.record["checks"]["no_wrong_elements"]["passed"] is False
+    rows = result.record["metrics"]["rows"]
+    wrong = [row[mode].get("wrong") for row in rows for mode in ("out-of-place", "in-place")]
+    assert wrong == [None, 1, None, 1, 1, 1, 1, 1]  # n/a (torch all_reduce is in place only) or 1: the one overwritten
+    assert "Out of bounds values : 6 FAILED" in result.output
+
+
+def test_nccl_tests_output_is_read_in_place():
+    stdout = """\
+#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+     1048576        262144     float     sum      -1    38.50   27.24   47.67      0    37.94   27.64   48.37      0
+     2097152        524288     float     sum      -1    51.20   40.96   71.68      0    50.10   41.86   73.25      0
+# Avg bus bandwidth    : 60.2
+"""
+    assert bench_collectives.parse_nccl_tests(stdout) == {1048576: 48.37, 2097152: 73.25}
+
+
+def test_ratios_compare_the_best_runs_and_report_medians():
+    library = bench_collectives.LIBRARIES["gloo"]
+    bench_runs = [{1024: 1.0, 2048: 2.0}, {1024: 3.0, 2048: 1.0}, {1024: 2.0, 2048: 1.5}]
+    reference_runs = [{1024: 2.0, 2048: 4.0}, {1024: 3.0, 2048: 3.0}, {1024: 1.0, 2048: 3.0}]
+    rows = bench_collectives.compare(library, [1024, 2048], bench_runs, reference_runs, target=0.95)["rows"]
+    assert [(r["ratio"], r["passed"], r["median_ratio"]) for r in rows] == [(1.0, True, 1.0), (0.5, False, 0.5)]
+
+
+@pytest.mark.integration
+def test_benchmark_of_the_benchmark_reports_a_ratio_per_size(tmp_path):
+    out = tmp_path / "bench.json"
+    code = bench_collectives.main(["--libraries", "gloo,nccl", "-b", "64K", "-e", "128K", "-w", "1", "-n", "3",
+                                   "--repeats", "1", "--out", str(out)])
+    summary = json.loads(out.read_text())
+    assert code == (0 if all(r["passed"] for r in summary["results"][0]["rows"]) else 1)
+    gloo = summary["results"][0]
+    assert gloo["library"] == "gloo" and [r["size"] for r in gloo["rows"]] == [65536, 131072]
+    for row in gloo["rows"]:
+        assert row["bench_busbw_gbps"] > 0 and row["reference_busbw_gbps"] > 0
+        assert row["ratio"] == pytest.approx(row["bench_busbw_gbps"] / row["reference_busbw_gbps"])
+    nccl = summary["results"][1]
+    assert nccl["library"] == "nccl" and ("skipped" in nccl or nccl["rows"])
