@@ -59,3 +59,36 @@ def test_runs_never_overwrite_each_other(distlab_run, results):
     assert first.run_dir != second.run_dir
     assert json.loads((first.run_dir / "record.json").read_text())["config"]["elements"] == 16
     assert json.loads((second.run_dir / "record.json").read_text())["config"]["elements"] == 32
+
+
+def test_a_hung_run_is_ended_by_the_watchdog_with_every_ranks_last_lines(distlab_run):
+    # --timeout 600 in the lab: the collective would wait longer than the harness's watchdog.
+    result = distlab_run("check", 2, lab_args=["--hang-rank", "1", "--timeout", "600"], timeout=20)
+    assert result.returncode == 1
+    assert "timed out after 20 s: hang suspected" in result.output
+    assert "last lines of rank.1" in result.output and "hanging as asked by --hang-rank" in result.output
+    assert result.run["timed_out"] is True
+    assert result.record["status"] == "failed" and "hang suspected" in result.record["reason"]
+    assert run_processes(result.run["run_id"]) == []
+
+
+def test_ctrl_c_stops_cleanly_keeps_the_run_and_leaves_no_process(results):
+    import signal
+    import subprocess
+    import time
+
+    from conftest import DISTLAB
+
+    process = subprocess.Popen([DISTLAB, "run", "check", "-n", "2", "--results", str(results), "--", "--hang-rank",
+                                "0", "--timeout", "600"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not list(results.glob("check/*/logs/*/attempt_0/1/stdout.log")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # let the ranks get to the hang
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 130, output
+    assert "interrupted" in output
+    run = json.loads(next(results.glob("check/*/run.json")).read_text())
+    assert run["interrupted"] is True and run["status"] == "failed"
+    assert run_processes(run["run_id"]) == []

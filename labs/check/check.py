@@ -28,6 +28,7 @@ def main() -> None:
     add_contract_args(parser, list(ALL_BACKENDS), default_backend="gloo")
     parser.add_argument("--elements", type=int, default=ELEMENTS, help="all-reduce length (float32 elements)")
     parser.add_argument("--fail-rank", type=int, help="teaching/testing aid: this rank exits with code 3 after init")
+    parser.add_argument("--hang-rank", type=int, help="teaching/testing aid: this rank stops answering after init")
     args = parser.parse_args()
     if args.elements < 1:
         parser.error("--elements must be at least 1")
@@ -40,6 +41,10 @@ def main() -> None:
         if args.fail_rank == comm.rank:
             print(f"rank {comm.rank}: exiting with code 3 as asked by --fail-rank", flush=True)
             os._exit(3)  # no clean-up, like a crashed process: the launcher must notice
+        if args.hang_rank == comm.rank:
+            print(f"rank {comm.rank}: hanging as asked by --hang-rank", flush=True)
+            while True:  # like a deadlock: alive, silent, never reaching the all-reduce
+                time.sleep(1)
 
         # Rank r contributes r + 1 everywhere, so every element must sum to n(n+1)/2:
         # small integers are exact in float32, so the check is equality, not a tolerance.
