@@ -387,7 +387,7 @@ def cmd_doctor(args: argparse.Namespace, lab_args: list[str]) -> int:
 
 
 def cmd_data(args: argparse.Namespace, lab_args: list[str]) -> int:
-    from labs.common.data import fetch_cifar10
+    from labs.common.training import fetch_cifar10
 
     path = fetch_cifar10(args.data_dir)
     console.print(f"CIFAR-10 ready in {path}")
@@ -451,6 +451,10 @@ def build_parser() -> Parser:
     template.add_argument("--ifname", help="network interface the nodes share (GLOO/NCCL_SOCKET_IFNAME)")
     template.add_argument("--out", type=Path, help="write here (never overwrites) instead of stdout")
     template.set_defaults(func=cmd_template)
+
+    from harness import scale  # imported here: scale builds on this module's helpers
+
+    scale.add_parser(commands)
 
     bench = commands.add_parser("bench", help="benchmarks that print ratios measured side by side",
                                 description="Arguments after -- go to the benchmark.")

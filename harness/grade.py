@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.profiles import Band, LabExpectation, Profile
+from harness.stats import efficiency as scaling_efficiency
 from harness.stats import mean_ci
 
 
@@ -135,7 +136,7 @@ def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]]) -> list
                 verdicts.append(Verdict(exp.lab, ws, "efficiency", "-", f">= {exp.efficiency_min[ws]:g}", None,
                                         f"needs {exp.throughput_metric} at world sizes 1 and {ws}"))
             else:
-                efficiency = here / (ws * base)
+                efficiency = scaling_efficiency(here, ws, base)
                 verdicts.append(Verdict(exp.lab, ws, "efficiency", f"{efficiency:.3f}",
                                         f">= {exp.efficiency_min[ws]:g}", efficiency >= exp.efficiency_min[ws],
                                         f"T({ws}) / ({ws} T(1)) with T = {exp.throughput_metric}"))

@@ -94,8 +94,11 @@ def horovodrun_command(spec: LaunchSpec) -> list[str]:
         where = ["-H", _host_list(spec) if spec.hosts else f"localhost:{spec.world_size}"]
     # One node: Horovod's Gloo rendezvous stays on loopback; several: the interface they share.
     interface = spec.network_interface or ("lo" if not spec.multinode else None)
+    # Horovod 0.28.1 crashes naming a lone rank's output file (log10(0)): one rank's lines are
+    # taken from the tagged launcher output instead.
+    output = ["--output-filename", str(spec.log_dir)] if spec.world_size > 1 else []
     return [_tool(spec, "horovodrun"), "--gloo", "-np", str(spec.world_size), *where,
-            *(["--network-interface", interface] if interface else []), "--output-filename", str(spec.log_dir),
+            *(["--network-interface", interface] if interface else []), *output,
             spec.python, str(spec.program), *spec.lab_args]
 
 
@@ -154,26 +157,31 @@ def _rank_logs_horovodrun(log_dir: Path) -> dict[int, list[Path]]:
     logs: dict[int, list[Path]] = {}
     for path in sorted(log_dir.glob("rank.*/std*")):  # --output-filename DIR: DIR/rank.N/stdout
         logs.setdefault(int(path.parent.name.split(".")[1]), []).append(path)
-    return logs
+    return logs or _split_tagged(log_dir, HOROVOD_TAG)  # one rank: no files, tagged lines
 
 
-MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>: ?(.*)$")
+MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr)>: ?(.*)$")  # [job,rank]<stdout>: line
+HOROVOD_TAG = re.compile(r"^\[(\d+)\]<(?:stdout|stderr)>:(.*)$")  # [rank]<stdout>:line
 
 
-def _rank_logs_mpirun(log_dir: Path) -> dict[int, list[Path]]:
-    """Split the tagged launcher output ([job,rank]<stdout>: line) into one file per rank."""
+def _split_tagged(log_dir: Path, tag: re.Pattern[str]) -> dict[int, list[Path]]:
+    """Split launcher output whose lines carry their rank into one file per rank."""
     launcher_log = log_dir.parent / "launcher.log"
     lines: dict[int, list[str]] = {}
     if launcher_log.exists():
         for line in launcher_log.read_text(errors="replace").splitlines():
-            match = MPI_TAG.match(line)
+            match = tag.match(line)
             if match:
-                lines.setdefault(int(match.group(1)), []).append(match.group(3))
+                lines.setdefault(int(match.group(1)), []).append(match.group(2))
     logs = {}
     for rank, text in lines.items():
         logs[rank] = [log_dir / f"rank.{rank}.out"]
         logs[rank][0].write_text("\n".join(text) + "\n")
     return logs
+
+
+def _rank_logs_mpirun(log_dir: Path) -> dict[int, list[Path]]:
+    return _split_tagged(log_dir, MPI_TAG)
 
 
 def _rank_logs_python(log_dir: Path) -> dict[int, list[Path]]:

@@ -15,7 +15,7 @@ from typing import Any
 from rich.table import Table
 
 from harness.grade import Sample, Verdict
-from harness.stats import mean_ci
+from harness.stats import efficiency, mean_ci
 from labs.common.contract import write_json_atomic
 
 MARK = {True: "pass", False: "FAIL", None: "n/a"}
@@ -67,7 +67,8 @@ def plots(done: dict[tuple[str, int], list[Sample]], out: Path) -> list[Path]:
             ax_t.errorbar(sizes, means, yerr=errors, marker="o", capsize=3, label=lab)
             if 1 in throughput[lab]:
                 base = throughput[lab][1].mean
-                ax_e.plot(sizes, [m / (ws * base) for m, ws in zip(means, sizes, strict=True)], marker="o", label=lab)
+                ax_e.plot(sizes, [efficiency(m, ws, base) for m, ws in zip(means, sizes, strict=True)],
+                          marker="o", label=lab)
         ax_t.set(xlabel="world size", ylabel="images/s (total)", title="Throughput (95% CI)")
         ax_e.axhline(1.0, color="grey", linestyle="--", label="ideal")
         ax_e.set(xlabel="world size", ylabel="efficiency T(n)/(n T(1))", title="Scaling efficiency", ylim=(0, 1.2))

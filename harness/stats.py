@@ -48,3 +48,12 @@ def mean_ci(samples: list[float]) -> Interval:
         return Interval(mean, mean, mean, 1)
     half = t95(len(samples) - 1) * statistics.stdev(samples) / math.sqrt(len(samples))
     return Interval(mean, mean - half, mean + half, len(samples))
+
+
+def speedup(throughput: float, base_throughput: float) -> float:
+    return throughput / base_throughput
+
+
+def efficiency(throughput: float, world_size: int, base_throughput: float, base_world_size: int = 1) -> float:
+    """Throughput per rank against the baseline's: T(n) / (n T(1)) when the baseline is one rank."""
+    return (throughput / world_size) / (base_throughput / base_world_size)

@@ -1,0 +1,240 @@
+"""labs/scaling and `distlab scale`: the arithmetic on known answers, bad input, and real runs at 1 and 2 ranks."""
+
+import json
+import math
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from harness import record as records
+from harness import scale
+from harness.cli import UsageError
+
+# --------------------------------------------------------------------------------- the arithmetic
+
+
+def test_efficiency_and_speedup_against_one_rank():
+    assert scale.speedup(180.0, 100.0) == pytest.approx(1.8)
+    assert scale.efficiency(180.0, 2, 100.0) == pytest.approx(0.9)
+    assert scale.efficiency(400.0, 4, 100.0) == pytest.approx(1.0)
+
+
+def test_efficiency_against_a_larger_baseline_is_per_rank_throughput_ratio():
+    # 2 ranks make 180 img/s (90 each); 8 ranks making 630 (78.75 each) are 87.5% as efficient.
+    assert scale.efficiency(630.0, 8, 180.0, base_world_size=2) == pytest.approx(78.75 / 90)
+
+
+def test_amdahl_fit_recovers_a_known_serial_fraction():
+    sizes = [1, 2, 4, 8, 16]
+    speedups = [scale.amdahl_speedup(n, 0.1) for n in sizes]
+    assert scale.fit_amdahl(sizes, speedups) == pytest.approx(0.1, abs=1e-6)
+
+
+def test_amdahl_fit_relative_to_a_larger_baseline():
+    sizes = [2, 4, 8]
+    speedups = [scale.amdahl_speedup(n, 0.05) / scale.amdahl_speedup(2, 0.05) for n in sizes]
+    assert scale.fit_amdahl(sizes, speedups, base_world_size=2) == pytest.approx(0.05, abs=1e-6)
+
+
+def test_amdahl_fit_with_two_points_is_exact_and_bounded():
+    # S(2) = 1 / (s + (1 - s) / 2)  =>  s = 2 / S - 1
+    assert scale.fit_amdahl([1, 2], [1.0, 1.6]) == pytest.approx(2 / 1.6 - 1, abs=1e-6)
+    assert scale.fit_amdahl([1, 2], [1.0, 2.3]) == pytest.approx(0.0, abs=1e-9)  # superlinear: s stays >= 0
+    assert scale.fit_amdahl([1, 2], [1.0, 0.7]) == pytest.approx(1.0, abs=1e-6)  # slower than one rank
+
+
+def test_amdahl_fit_is_least_squares_on_noisy_speedups():
+    sizes = [1, 2, 4, 8]
+    speedups = [1.0, 1.9, 3.3, 5.0]
+    fitted = scale.fit_amdahl(sizes, speedups)
+
+    def error(s):
+        return sum((m - scale.amdahl_speedup(n, s)) ** 2 for n, m in zip(sizes, speedups, strict=True))
+
+    assert all(error(fitted) <= error(fitted + d) for d in (-1e-4, 1e-4))
+
+
+def test_rows_give_mean_ci_speedup_and_efficiency():
+    def run(ws, total):
+        return {"img_per_sec": total, "img_per_sec_per_rank": total / ws, "per_rank_batch": 8,
+                "global_batch": 8 * ws, "step_seconds": 0.1, "step_seconds_no_sync": 0.08, "comm_seconds": 0.02,
+                "allreduce_seconds": 0.05, "comm_fraction": 0.2, "overlap": None if ws == 1 else 0.6}
+
+    rows, serial = scale.scaling_rows({1: [run(1, t) for t in (10, 12, 14)], 2: [run(2, t) for t in (18, 20, 22)]})
+    one, two = rows
+    assert one["img_per_sec"]["mean"] == pytest.approx(12)
+    half_width = 4.303 * 2 / math.sqrt(3)  # t(0.975, 2 dof) x sd / sqrt(n)
+    assert (one["img_per_sec"]["ci95_low"], one["img_per_sec"]["ci95_high"]) == pytest.approx(
+        (12 - half_width, 12 + half_width))
+    assert two["speedup"] == pytest.approx(20 / 12)
+    assert two["efficiency"] == pytest.approx(20 / (2 * 12))
+    assert two["img_per_sec_per_rank"]["mean"] == pytest.approx(10)
+    assert (one["overlap"], two["overlap"]) == (None, pytest.approx(0.6))
+    assert serial == pytest.approx(2 / (20 / 12) - 1, abs=1e-6)
+
+
+def test_one_repeat_has_no_interval():
+    rows, serial = scale.scaling_rows({1: [{"img_per_sec": 5.0, "img_per_sec_per_rank": 5.0, "per_rank_batch": 1,
+                                            "global_batch": 1}]})
+    assert rows[0]["img_per_sec"]["n"] == 1 and serial is None
+
+
+# ------------------------------------------------------------------------------------- batch sizes
+
+
+def test_weak_scaling_keeps_the_per_rank_batch():
+    assert scale.rank_batches("weak", [1, 2, 4], 32, None) == {1: 32, 2: 32, 4: 32}
+    assert scale.rank_batches("weak", [1, 2], None, None) == {1: None, 2: None}  # the lab's default
+
+
+def test_strong_scaling_splits_the_global_batch():
+    assert scale.rank_batches("strong", [1, 2, 4], None, 128) == {1: 128, 2: 64, 4: 32}
+
+
+@pytest.mark.parametrize(("mode", "batch", "global_batch", "message"), [
+    ("strong", None, 6, "does not split evenly over world size(s) 4; choose a multiple of 4"),
+    ("strong", None, None, "needs --global-batch"),
+    ("strong", 8, 64, "--batch is for --mode weak"),
+    ("weak", None, 64, "--global-batch is for --mode strong"),
+])
+def test_batch_settings_that_cannot_work(mode, batch, global_batch, message):
+    with pytest.raises(UsageError, match=re.escape(message)):
+        scale.rank_batches(mode, [1, 2, 4], batch, global_batch)
+
+
+def test_records_must_show_the_batches_asked_for():
+    def metrics(per_rank, total):
+        return [{"per_rank_batch": per_rank, "global_batch": total}]
+
+    asked = {1: 8, 2: 4}
+    assert scale.batch_mismatches("strong", asked, 8, {1: metrics(8, 8), 2: metrics(4, 8)}) == []
+    problems = scale.batch_mismatches("strong", asked, 8, {1: metrics(8, 8), 2: metrics(8, 16)})
+    assert problems == ["world size 2: per-rank batch 8, asked 4", "world size 2: global batch 16, asked 8"]
+    assert scale.batch_mismatches("weak", {1: None, 2: None}, None, {1: metrics(8, 8), 2: metrics(4, 8)}) == [
+        "weak scaling ran different per-rank batches: 1: 8, 2: 4"]
+
+
+# ------------------------------------------------------------------------------------ host capacity
+
+
+def test_cpu_allows_four_times_the_cores_and_says_when_oversubscribed():
+    scale.check_capacity([1, 2, 8], threads=1, cores=2, gpus=0, on_gpu=False)
+    scale.check_capacity([1, 4], threads=2, cores=2, gpus=0, on_gpu=False)
+    with pytest.raises(UsageError, match="world size 9 x 1 thread.*this host has 2"):
+        scale.check_capacity([1, 9], threads=1, cores=2, gpus=0, on_gpu=False)
+    assert [scale.oversubscribed(ws, 1, 2) for ws in (1, 2, 3)] == [False, False, True]
+
+
+def test_gpu_runs_need_a_gpu_per_rank():
+    scale.check_capacity([1, 2], threads=1, cores=2, gpus=2, on_gpu=True)
+    with pytest.raises(UsageError, match="world size 4 needs 4 GPU"):
+        scale.check_capacity([1, 2, 4], threads=1, cores=64, gpus=2, on_gpu=True)
+
+
+# --------------------------------------------------------------------------- bad input, end to end
+
+TOO_MANY = str(4 * (os.cpu_count() or 1) + 1)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--world-sizes", ""], "empty"),
+    (["--world-sizes", "2,1"], "increasing"),
+    (["--world-sizes", "1,2,2"], "increasing"),
+    (["--world-sizes", "0,1"], "at least 1"),
+    (["--world-sizes", "1,two"], "comma-separated"),
+    (["--world-sizes", f"1,{TOO_MANY}"], "oversubscribed"),
+    (["--world-sizes", "1,2,4", "--mode", "strong", "--global-batch", "6"], "does not split evenly"),
+    (["--world-sizes", "1,2", "--lab", "horovod", "--backend", "gloo"], "--backend is for --lab ddp"),
+    (["--world-sizes", "1,2", "--", "--batch-size", "8"], "--batch-size after -- is set by distlab scale"),
+    (["--world-sizes", "1,2", "--launcher", "srun"], "launcher"),
+])
+def test_bad_input_is_one_line_exit_2_and_starts_nothing(tmp_path, capsys, argv, message):
+    results = tmp_path / "results"
+    assert scale.main(["--results", str(results), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not results.exists()
+
+
+def test_nccl_without_gpus_is_refused(tmp_path, capsys):
+    if scale.gpu_count():
+        pytest.skip("GPUs are visible here")
+    assert scale.main(["--world-sizes", "1,2", "--backend", "nccl", "--results", str(tmp_path / "r")]) == 2
+    assert "nccl" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+# ------------------------------------------------------------------------- real runs, 1 and 2 ranks
+
+SMOKE = ["--", "--smoke", "--steps", "2"]
+
+
+def _study(results: Path) -> Path:
+    (study,) = (results / "scale").iterdir()
+    return study
+
+
+def _records(study: Path) -> list[dict]:
+    return [records.load(path) for path in sorted(study.glob("scaling/*/record.json"))]
+
+
+@pytest.mark.integration
+def test_weak_scaling_ddp_at_one_and_two_ranks(tmp_path, capsys):
+    results = tmp_path / "results"
+    code = scale.main(["--lab", "ddp", "--world-sizes", "1,2", "--repeats", "2", "--batch", "2",
+                       "--results", str(results), *SMOKE])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    study = _study(results)
+    summary = json.loads((study / "summary.json").read_text())
+    runs = _records(study)
+    assert len(runs) == 4 and all(r["status"] == "ok" for r in runs)
+    assert all(all(check["passed"] for check in r["checks"].values()) for r in runs)
+    by_size = {ws: [r["metrics"] for r in runs if r["provenance"]["world_size"] == ws] for ws in (1, 2)}
+    assert {ws: [(m["per_rank_batch"], m["global_batch"]) for m in ms] for ws, ms in by_size.items()} == {
+        1: [(2, 2), (2, 2)], 2: [(2, 4), (2, 4)]}
+    assert all(r["provenance"]["threads_per_rank"] == 1 and r["provenance"]["launcher"] == "torchrun" for r in runs)
+
+    # Efficiency from the records themselves: T(2) / (2 T(1)), T the mean img/s over repeats.
+    t1 = sum(m["img_per_sec"] for m in by_size[1]) / 2
+    t2 = sum(m["img_per_sec"] for m in by_size[2]) / 2
+    one, two = summary["rows"]
+    assert two["efficiency"] == pytest.approx(t2 / (2 * t1), rel=1e-12)
+    assert two["speedup"] == pytest.approx(t2 / t1, rel=1e-12)
+    assert one["img_per_sec"]["n"] == 2 and one["img_per_sec"]["ci95_low"] <= t1 <= one["img_per_sec"]["ci95_high"]
+    assert two["overlap"] is None or 0 <= two["overlap"] <= 1
+    assert 0 <= two["comm_fraction"] < 1 and two["allreduce_seconds"] > 0
+    assert summary["amdahl_serial_fraction"] is not None and summary["threads_per_rank"] == 1
+    for name in ("throughput", "speedup", "efficiency"):
+        png = (study / f"{name}.png").read_bytes()
+        assert png.startswith(b"\x89PNG") and len(png) > 5000, name
+    assert "effic." in out and "Amdahl fit" in out  # the table and its notes were printed
+    assert f"results: {study}" in out
+
+
+@pytest.mark.integration
+def test_strong_scaling_splits_the_global_batch_in_real_runs(tmp_path, capsys):
+    results = tmp_path / "results"
+    code = scale.main(["--world-sizes", "1,2", "--mode", "strong", "--global-batch", "4", "--repeats", "1",
+                       "--results", str(results), *SMOKE])
+    assert code == 0, capsys.readouterr().out
+    runs = _records(_study(results))
+    assert sorted((r["provenance"]["world_size"], r["metrics"]["per_rank_batch"], r["metrics"]["global_batch"])
+                  for r in runs) == [(1, 4, 4), (2, 2, 4)]
+
+
+@pytest.mark.integration
+def test_horovod_scaling_with_fp16_compression(tmp_path, capsys):
+    results = tmp_path / "results"
+    code = scale.main(["--lab", "horovod", "--world-sizes", "1,2", "--repeats", "1", "--batch", "2",
+                       "--results", str(results), *SMOKE, "--fp16-allreduce"])
+    assert code == 0, capsys.readouterr().out
+    study = _study(results)
+    runs = _records(study)
+    assert {r["provenance"]["launcher"] for r in runs} == {"horovodrun"}
+    two = next(r for r in runs if r["provenance"]["world_size"] == 2)
+    assert two["checks"]["allreduce_value"]["passed"] and two["checks"]["params_identical"]["passed"]
+    assert two["metrics"]["allreduce_bytes"] == two["metrics"]["parameters"] * 2  # fp16 on the wire
+    summary = json.loads((study / "summary.json").read_text())
+    assert summary["levers"]["fp16_allreduce"] is True and summary["backend"] == "horovod"
