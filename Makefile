@@ -1,5 +1,5 @@
-# distlab: thin wrappers over the nox sessions (noxfile.py) and the distlab CLI.
-# `make help` lists every target. Nothing here re-implements what nox or distlab do.
+# distlab: thin wrappers over the nox sessions (noxfile.py), the distlab CLI and docker/*.sh.
+# `make help` lists every target. Nothing here re-implements what they do.
 
 PYTHON ?= python3
 BOOTSTRAP := .bootstrap
@@ -7,11 +7,25 @@ NOX := $(BOOTSTRAP)/bin/nox
 DISTLAB := .nox/env/bin/distlab
 NOX_VERSION := 2026.10.20
 
-GPUS ?= 1
+# make lab-NAME: GPUS=N GPUs (one rank each), or NP=N ranks on the CPU; in the image
+# (RUNTIME=container, the default, with ENGINE=docker, the default, or podman) or on this host
+# (RUNTIME=local). docker/run-lab.sh lists every setting (BACKEND, LAB_ARGS, IMAGE, DATA_DIR,
+# RESULTS_DIR, ENGINE_ARGS, ...) and holds the defaults: empty here means "the default", so that
+# `make image-test` can still pick whichever engine answers.
+RUNTIME ?=
+ENGINE ?=
+GPUS ?=
+NP ?=
+BACKEND ?=
 LAB_ARGS ?=
+TEST_ARGS ?=
+# `make -n lab-NAME` shows the full docker command: the scripts run with DRY_RUN=1 (hence `+`).
+DRY_RUN ?= $(if $(findstring n,$(firstword -$(MAKEFLAGS))),1)
+export RUNTIME ENGINE GPUS NP BACKEND LAB_ARGS DRY_RUN
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint grade doctor data calibrate bench-train bench-allreduce clean
+.PHONY: help setup test lint grade grade-smoke grade-gpu doctor data calibrate bench-train bench-allreduce \
+        image image-cpu image-test gpu clean
 
 help: ## list every target with one line
 	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-18s %s\n", $$1, $$2}'
@@ -23,14 +37,20 @@ $(NOX):
 setup: $(NOX) ## install everything (torch, MPI, Horovod built from source, distlab) into .nox/env
 	$(NOX) -s env
 
-test: $(NOX) ## run the test suite (what CI runs)
-	$(NOX) -s tests
+test: $(NOX) ## run the test suite (what CI runs; pytest options in TEST_ARGS)
+	$(NOX) -s tests -- $(TEST_ARGS)
 
 lint: $(NOX) ## ruff, hadolint, actionlint, shellcheck
 	$(NOX) -s lint
 
 grade: $(NOX) ## the main job on the CPU: every lab at world sizes 1, 2, 4, graded
 	$(NOX) -s grade
+
+grade-smoke: $(NOX) ## seconds-long labs at world sizes 1 and 2, graded against the cpu-smoke profile (CI)
+	$(NOX) -s grade -- --profile cpu-smoke --world-sizes 1,2
+
+grade-gpu: ## grade the labs on this host's GPUs in the GPU image (GPUS, PROFILE, WORLD_SIZES, RUNTIME)
+	+@MAKE='$(MAKE)' docker/run-lab.sh grade
 
 doctor: $(NOX) ## what this host offers and which labs it can run
 	$(NOX) -s doctor
@@ -47,8 +67,20 @@ bench-train: $(NOX) ## training-path benchmark: baseline vs in-memory loop, DDP/
 bench-allreduce: $(NOX) ## allreduce_bench vs the tightest plain loop of each library
 	$(NOX) -s "bench(what='allreduce')"
 
-lab-%: setup ## run one lab locally with GPUS=N ranks (e.g. make lab-ddp GPUS=2)
-	$(DISTLAB) run $* --world-size $(GPUS) -- $(LAB_ARGS)
+lab-%: ## run one lab: GPUS=N GPUs or NP=N CPU ranks, in the image or RUNTIME=local (make lab-ddp GPUS=2)
+	+@MAKE='$(MAKE)' docker/run-lab.sh lab $*
+
+image: ## build the GPU image distlab:gpu on NGC PyTorch (ENGINE, BASE, EXTRA_CA)
+	+@docker/build-image.sh gpu
+
+image-cpu: ## build the CPU image distlab:cpu (ENGINE, BASE, TORCH_INDEX_URL, EXTRA_CA)
+	+@docker/build-image.sh cpu
+
+image-test: $(NOX) ## build the CPU image and run the check and DDP labs in it (slow; installs podman if needed)
+	$(NOX) -s image
+
+gpu: $(NOX) ## on a GPU host: the GPU labs in the GPU image, then grade-gpu (GPUS, default 2)
+	$(NOX) -s gpu
 
 clean: ## remove the environments (results/ and data/ are kept)
 	rm -rf .nox $(BOOTSTRAP)

@@ -6,7 +6,8 @@
     nox -l                                # the whole list
 
 All sessions but `lint` share one environment, made by `env`: torch (5 GB) and a Horovod
-built from source are too heavy to install once per session.
+built from source are too heavy to install once per session. `image` and `gpu` use none: they
+work with container images (docker/).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import nox
@@ -82,8 +85,11 @@ def lint(session: nox.Session) -> None:
         session.run("hadolint", *dockerfiles)
     if (ROOT / ".github/workflows").exists():
         session.run("actionlint")
-    scripts = sorted(str(p) for p in ROOT.glob("**/*.sh") if ".nox" not in p.parts) + [".ci/run"]
-    session.run("shellcheck", *scripts)
+    # The shell scripts git knows or would add: walking the tree would also walk .nox (gigabytes).
+    scripts = session.run("git", "ls-files", "--cached", "--others", "--exclude-standard", "*.sh",
+                          external=True, silent=True).split()
+    # --external-sources: the docker/*.sh scripts source docker/lib.sh.
+    session.run("shellcheck", "--external-sources", *sorted(set(scripts)), ".ci/run")
 
 
 @nox.session(venv_backend="none", requires=["env"], default=False)
@@ -119,6 +125,132 @@ def calibrate(session: nox.Session) -> None:
 def bench(session: nox.Session, what: str) -> None:
     """Benchmarks that print ratios measured side by side in one run."""
     _run_in_env(session, "distlab", "bench", what, "--", *session.posargs)
+
+
+CPU_IMAGE = "distlab:cpu"
+CPU_BASE = "docker.io/library/python:3.11-slim-bookworm"  # the default BASE of docker/Dockerfile.cpu
+LOCAL_BASE = "localhost/distlab-base:bookworm"  # made by docker/local-base.sh when CPU_BASE cannot be pulled
+# Written only on a machine where this session installed podman itself: Debian's podman, run as
+# root inside a container (a sandbox, a CI job), cannot set rlimits or manage cgroups v2 through
+# systemd, and its default runtime may be missing.
+PODMAN_CONF = """\
+# Written by distlab's `nox -s image` after it installed podman on this machine.
+[containers]
+default_ulimits = []
+[engine]
+cgroup_manager = "cgroupfs"
+runtime = "runc"
+"""
+
+
+def _engine_works(engine: str) -> bool:
+    if not shutil.which(engine):
+        return False
+    try:
+        return subprocess.run([engine, "info"], capture_output=True, timeout=120).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _apt_install(session: nox.Session, *packages: str) -> None:
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        session.error(f"{', '.join(packages)} missing; install them (Debian: apt-get install {' '.join(packages)}) "
+                      "or run this session as root on Debian to let it install them")
+    # apt verifies signatures as the unprivileged user _apt, in TMPDIR; some machines (this
+    # project's sandboxes) keep /tmp closed to other users, /var/tmp is world-writable by design.
+    env = {"DEBIAN_FRONTEND": "noninteractive", "TMPDIR": "/var/tmp"}
+    session.run("apt-get", "update", "-qq", external=True, env=env)
+    session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages, external=True, env=env)
+
+
+def _container_engine(session: nox.Session) -> str:
+    """ENGINE if set, else the first of docker and podman that answers; else install podman (Debian, root)."""
+    wanted = os.environ.get("ENGINE") or None  # the Makefile exports it empty when unset
+    for engine in [wanted] if wanted else ["docker", "podman"]:
+        if _engine_works(engine):
+            return engine
+    if wanted not in (None, "podman"):
+        session.error(f"ENGINE={wanted} does not answer `{wanted} info`; start its daemon or use ENGINE=podman")
+    _apt_install(session, "podman", "runc", "debootstrap")
+    conf = Path("/etc/containers/containers.conf")
+    if not conf.exists():
+        conf.write_text(PODMAN_CONF)
+        session.log(f"wrote {conf}: no rlimits by default, cgroupfs, runc")
+    if not _engine_works("podman"):
+        session.error("podman was installed but `podman info` fails; run it by hand to see why")
+    return "podman"
+
+
+def _cpu_base(session: nox.Session, engine: str) -> str:
+    """BASE if set; else the Dockerfile's base if it is here or can be pulled; else a local Debian base."""
+    if os.environ.get("BASE"):
+        return os.environ["BASE"]
+    for image in (CPU_BASE, LOCAL_BASE):
+        if subprocess.run([engine, "image", "inspect", image], capture_output=True).returncode == 0:
+            return image
+    try:
+        pulled = subprocess.run([engine, "pull", CPU_BASE], capture_output=True, timeout=300).returncode == 0
+    except subprocess.TimeoutExpired:
+        pulled = False
+    if pulled:
+        return CPU_BASE
+    session.log(f"cannot pull {CPU_BASE}: building {LOCAL_BASE} with debootstrap")
+    if not shutil.which("debootstrap"):
+        _apt_install(session, "debootstrap")
+    session.run("docker/local-base.sh", LOCAL_BASE, external=True, env={"ENGINE": engine})
+    return LOCAL_BASE
+
+
+@nox.session(venv_backend="none", default=False)
+def image(session: nox.Session) -> None:
+    """Build the CPU image (docker or podman) and run the check and DDP labs in it as its non-root user."""
+    timings: dict[str, float] = {}
+
+    def timed(step: str, *args: str, **kwargs) -> None:
+        started = time.monotonic()
+        session.run(*args, external=True, **kwargs)
+        timings[step] = time.monotonic() - started
+
+    engine = _container_engine(session)
+    base = _cpu_base(session, engine)
+    image = os.environ.get("IMAGE") or CPU_IMAGE
+    env = {"ENGINE": engine, "BASE": base, "IMAGE": image}
+    timed("build", "docker/build-image.sh", "cpu", env=env)
+
+    user = session.run(engine, "run", "--rm", image, "id", "-u", external=True, silent=True).strip()
+    if user == "0":
+        session.error(f"{image} runs as root; its USER must be the unprivileged lab user")
+    session.run(engine, "run", "--rm", image, "cat", "/opt/distlab/horovod-check-build.txt", external=True)
+    run_env = {**env, "RUNTIME": "container", "NP": "2", "GPUS": "0",
+               "RESULTS_DIR": os.environ.get("RESULTS_DIR") or str(ROOT / "results" / "container")}
+    timed("check", "docker/run-lab.sh", "lab", "check", env=run_env)
+    timed("ddp", "docker/run-lab.sh", "lab", "ddp", env={**run_env, "LAB_ARGS": "--smoke"})
+    session.log(f"{engine}, base {base}, user id {user}: "
+                + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in timings.items()))
+
+
+# The labs that use GPUs, each on its GPU backend.
+GPU_LABS = {"ddp": "nccl", "horovod": "horovod", "collectives": "nccl", "allreduce_bench": "nccl", "scaling": "nccl"}
+
+
+@nox.session(venv_backend="none", default=False)
+def gpu(session: nox.Session) -> None:
+    """On a GPU host, in the GPU image (make image): each GPU lab at GPUS GPUs (default 2), then grade-gpu."""
+    gpus = os.environ.get("GPUS") or "2"
+    lab_args = " ".join(session.posargs) or "--smoke"  # the labs' own arguments, after --
+    failed = []
+    for lab, backend in GPU_LABS.items():
+        try:
+            session.run("docker/run-lab.sh", "lab", lab, external=True,
+                        env={"GPUS": gpus, "BACKEND": backend, "LAB_ARGS": lab_args})
+        except nox.command.CommandFailed:
+            failed.append(lab)  # run the others: one broken lab should not hide the state of the rest
+    try:
+        session.run("docker/run-lab.sh", "grade", external=True, env={"GPUS": gpus})
+    except nox.command.CommandFailed:
+        failed.append("grade")
+    if failed:
+        session.error(f"failed on {gpus} GPU(s): {', '.join(failed)}; each run directory is under results/")
 
 
 if __name__ == "__main__":
