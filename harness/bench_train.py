@@ -11,7 +11,10 @@ device as float tensors: no data loading, augmentation or conversion, so it is w
 can do with this model. The labs are launched as programs (plain python, world size 1) and only
 their records are read (metrics.img_per_sec: training steps only, start-up and evaluation left out).
 Every measurement is a fresh process with the same OMP_NUM_THREADS; the kinds take turns over
---repeats rounds and the median counts, so a busy moment of a shared machine hits all kinds alike.
+--repeats rounds, and each kind's best round counts: other work on the machine can only slow a
+round down, so the fastest is the closest to the undisturbed speed (timeit's rule). The median and
+the slowest round are shown beside it; when rounds of one kind differ by more than 10%, a warning
+says the machine was too busy for the ratios to be trusted.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=128, help="images per step")
     parser.add_argument("--steps", type=int, default=16, help="training steps per measurement (first 3 untimed)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="OMP_NUM_THREADS of every process")
-    parser.add_argument("--repeats", type=int, default=3, help="rounds; the median of each kind counts")
+    parser.add_argument("--repeats", type=int, default=5, help="rounds; the best of each kind counts")
     parser.add_argument("--json", type=Path, help="also write the measurements and ratios here")
     parser.add_argument("--in-memory-loop", action="store_true", help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args(argv)
@@ -150,20 +153,20 @@ def main(argv: list[str] | None = None) -> int:
             for kind, program, extra in KINDS:
                 samples[kind].append(measure(kind, program, extra, args, Path(tmp), env))
                 console.print(f"  round {round_ + 1}: {kind}: {samples[kind][-1]:.1f} img/s")
-    median = {kind: statistics.median(values) for kind, values in samples.items()}
+    best = {kind: max(values) for kind, values in samples.items()}
 
-    table = Table(title="img/s (median of rounds)")
-    for column in ("measurement", "img/s", "min", "max"):
+    table = Table(title=f"img/s over {args.repeats} rounds")
+    for column in ("measurement", "best", "median", "slowest"):
         table.add_column(column, justify="left" if column == "measurement" else "right")
     for kind, values in samples.items():
-        table.add_row(kind, f"{median[kind]:.1f}", f"{min(values):.1f}", f"{max(values):.1f}")
+        table.add_row(kind, f"{best[kind]:.1f}", f"{statistics.median(values):.1f}", f"{min(values):.1f}")
     console.print(table)
-    ratios = Table(title="ratios")
+    ratios = Table(title="ratios of the best rounds")
     for column in ("ratio", "value", "target", ""):
         ratios.add_column(column, justify="left" if column == "ratio" else "right")
     summary: list[dict[str, Any]] = []
     for name, numerator, denominator, target in RATIOS:
-        value = median[numerator] / median[denominator]
+        value = best[numerator] / best[denominator]
         met = value >= target
         summary.append({"ratio": name, "value": value, "target": target, "met": met})
         ratios.add_row(name, f"{value:.3f}", f">= {target:.2f}", "[green]met[/]" if met else "[red]missed[/]")
@@ -172,12 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     if spread > NOISY_SPREAD:
         console.print(f"[yellow]warning:[/] one kind's rounds differ by {spread:.2f}x: something else is using "
                       "this machine's cores, and the ratios say more about it than about the labs. Rerun on an "
-                      "idle machine (more --repeats narrow the medians).")
+                      "idle machine, or with more --repeats.")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"config": {k: str(v) if isinstance(v, Path) else v
                                                     for k, v in vars(args).items()},
-                                         "img_per_sec": samples, "median": median, "ratios": summary,
+                                         "img_per_sec": samples, "best": best, "ratios": summary,
                                          "max_spread": spread}, indent=2))
     return 0
 

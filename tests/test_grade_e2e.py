@@ -1,0 +1,79 @@
+"""`distlab grade` end to end on the CPU smoke profile, a broken student program, and bad input."""
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from conftest import run_distlab
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["grade", "--world-sizes", "2,1"], "world sizes must be increasing without repeats"),
+    (["grade", "--world-sizes", "1,1"], "world sizes must be increasing without repeats"),
+    (["grade", "--world-sizes", ""], "the list of world sizes is empty"),
+    (["grade", "--profile", "nosuch"], "no profile 'nosuch'; profiles: "),
+    (["grade", "--profile", "cpu-smoke", "--labs", "nosuchlab"], "unknown lab 'nosuchlab'"),
+    (["grade", "--profile", "cpu-smoke", "--program", "ddp=/no/such.py"], "program /no/such.py for lab ddp does not"),
+    (["grade", "--profile", "cpu-smoke", "--program", "ddp"], "--program takes LAB=PATH"),
+    (["calibrate", "--profile", "cpu-smoke"], "exists and is never overwritten"),
+    (["calibrate", "--profile", "../evil"], "may hold only letters, digits"),
+])
+def test_grade_and_calibrate_refuse_bad_input(tmp_path, argv, message):
+    done = run_distlab([*argv, "--results", str(tmp_path / "results")], timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and done.stderr.count("\n") == 1
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.integration
+def test_grade_smoke_profile_at_world_sizes_1_and_2(tmp_path):
+    results = tmp_path / "results"
+    done = run_distlab(["grade", "--profile", "cpu-smoke", "--labs", "check,ddp", "--world-sizes", "1,2",
+                        "--results", str(results)], timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "passed: 0 failed check(s)" in done.stdout
+    report = next(results.glob("grade/*"))
+    verdicts = json.loads((report / "verdicts.json").read_text())
+    checks = {(v["lab"], v["world_size"], v["check"]): v["passed"] for v in verdicts}
+    assert checks[("ddp", 2, "check:params_identical")] is True
+    assert checks[("ddp", 2, "check:order_changes_per_epoch")] is True
+    assert ("ddp", 2, "accuracy_vs_ws1") in checks
+    suite = ET.parse(report / "junit.xml").getroot().find("testsuite")
+    assert int(suite.get("tests")) == len(verdicts) and suite.get("failures") == "0"
+    assert "data:image/png;base64," in (report / "report.html").read_text()
+    summary = json.loads((report / "summary.json").read_text())
+    assert summary["harness_overhead"] >= 1.0
+
+
+@pytest.mark.integration
+def test_a_program_that_forgets_set_epoch_is_graded_failing_with_the_reason(tmp_path):
+    source = (REPO / "labs/ddp/train.py").read_text()
+    assert "sampler.set_epoch(epoch)" in source
+    broken = tmp_path / "student_ddp.py"
+    broken.write_text(source.replace("sampler.set_epoch(epoch)", "pass  # forgot set_epoch"))
+    done = run_distlab(["grade", "--profile", "cpu-smoke", "--labs", "ddp", "--world-sizes", "2",
+                        "--program", f"ddp={broken}", "--results", str(tmp_path / "results")], timeout=600)
+    assert done.returncode == 1
+    assert "FAIL" in done.stdout
+    verdicts = json.loads(next((tmp_path / "results").glob("grade/*/verdicts.json")).read_text())
+    failed = {v["check"]: v for v in verdicts if v["passed"] is False}
+    assert "check:order_changes_per_epoch" in failed
+    assert "order_changes_per_epoch" in failed["run"]["detail"]
+
+
+@pytest.mark.integration
+def test_a_program_that_breaks_the_contract_is_told_which_field_is_missing(tmp_path):
+    program = tmp_path / "no_record.py"
+    program.write_text("import argparse, json\np = argparse.ArgumentParser()\np.add_argument('--backend')\n"
+                       "p.add_argument('--record')\na, _ = p.parse_known_args()\n"
+                       "json.dump({'schema': 'distlab-record', 'schema_version': 1, 'lab': 'check', 'status': 'ok',"
+                       " 'reason': None, 'metrics': {}, 'checks': {}, 'config': {}}, open(a.record, 'w'))\n")
+    done = run_distlab(["grade", "--profile", "cpu-smoke", "--labs", "check", "--world-sizes", "1",
+                        "--program", f"check={program}", "--results", str(tmp_path / "results")], timeout=300)
+    assert done.returncode == 1
+    verdicts = json.loads(next((tmp_path / "results").glob("grade/*/verdicts.json")).read_text())
+    run = next(v for v in verdicts if v["check"] == "run")
+    assert run["passed"] is False and "missing field 'provenance'" in run["detail"]

@@ -1,0 +1,184 @@
+"""The three training labs (baseline, ddp, horovod) run as users run them: through `distlab run`.
+
+Correctness on CPU with gloo: the distributed labs against a one-process oracle, the record of
+every lab at world sizes 1 and 2, crash-then-resume, and the bad inputs that must stop a run
+with a one-line error (exit 2) before it writes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import bench_train
+from harness.record import validate
+from labs.common.training import build_model
+
+REPO = Path(__file__).resolve().parent.parent
+DISTRIBUTED_CHECKS = {"params_identical", "shards_disjoint", "shards_cover", "order_changes_per_epoch"}
+SMOKE_TRAIN_IMAGES, SMOKE_BATCH = 256, 32  # the smoke profile (labs/common/training.py SMOKE)
+
+# The oracle runs are comparable sample for sample: no augmentation, BatchNorm frozen to its running
+# statistics (with B/2 images per rank, batch statistics would differ from the baseline's B), one
+# epoch of 4 steps of 32 images, no warm-up.
+ORACLE = ["--smoke", "--no-augment", "--bn-eval", "--train-size", "128", "--test-size", "64", "--epochs", "1",
+          "--warmup-epochs", "0"]
+# Measured: the runs agree to 3e-8 (float32 sums in another order), while 4 steps move the
+# parameters by 1e-2. 1e-6 leaves margin for other CPUs and still fails an unscaled learning rate,
+# a missing gradient average or a wrong shard by orders of magnitude.
+ORACLE_ATOL = 1e-6
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a if a[k].is_floating_point())
+
+
+# The longest test first: pytest-xdist hands tests out in file order.
+def test_a_crashed_run_resumes_where_its_checkpoint_left_off(distlab_run, tmp_path):
+    args = ["--smoke", "--epochs", "3", "--train-size", "128", "--test-size", "64"]  # 2 steps an epoch at 2 x 32
+    straight = distlab_run("ddp", 2, args)
+    assert straight.returncode == 0, straight.output
+
+    checkpoint = tmp_path / "ddp.pt"
+    crashed = distlab_run("ddp", 2, [*args, "--checkpoint", str(checkpoint), "--fault", "crash:rank=1:step=5"])
+    assert crashed.returncode != 0
+    assert torch.load(checkpoint, weights_only=True)["epoch"] == 2  # written after epoch 2, before the crash
+    shutil.copy(checkpoint, tmp_path / "for_horovod.pt")
+
+    resumed = distlab_run("ddp", 2, [*args, "--checkpoint", str(checkpoint), "--resume"])
+    assert resumed.returncode == 0, resumed.output
+    expected, got = straight.record["metrics"], resumed.record["metrics"]
+    # The whole curve: two epochs from the checkpoint's history, the third trained now, the same as
+    # if nothing had happened (same weights, momentum, schedule step and sample order).
+    assert got["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-5)
+    assert got["test_accuracy"] == pytest.approx(expected["test_accuracy"], abs=1e-9)
+    assert got["sample_order"] == expected["sample_order"][2:]
+
+    # The checkpoint holds the bare model and a plain SGD state, so Horovod resumes it as well.
+    horovod = distlab_run("horovod", 2, [*args, "--checkpoint", str(tmp_path / "for_horovod.pt"), "--resume"])
+    assert horovod.returncode == 0, horovod.output
+    assert horovod.record["metrics"]["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize(("lab", "extra"), [
+    ("ddp", []),
+    ("ddp", ["--accumulate", "2"]),  # no_sync on the first of 2 micro-batches of 8
+    ("horovod", ["--accumulate", "2"]),  # backward_passes_per_step=2
+], ids=["ddp", "ddp-accumulate", "horovod-accumulate"])
+def test_ddp_and_horovod_take_the_baselines_steps(distlab_run, tmp_path, lab, extra):
+    # Same seed, same global batch of 32: the baseline with 32 images in one process, the distributed
+    # lab with 16 per rank on 2 ranks. It scales --lr by the world size (linear scaling rule), so it
+    # gets half the baseline's --lr for the same step size.
+    params = {}
+    for name, world_size, batch, lr, lab_args in [("baseline", 1, 32, 0.02, []), (lab, 2, 16, 0.01, extra)]:
+        checkpoint = tmp_path / f"{name}.pt"
+        result = distlab_run(name, world_size, [*ORACLE, "--batch-size", str(batch), "--lr", str(lr),
+                                                "--checkpoint", str(checkpoint), *lab_args])
+        assert result.returncode == 0, result.output
+        assert result.record["metrics"]["global_batch"] == 32
+        params[name] = torch.load(checkpoint, weights_only=True)["model"]
+
+    torch.manual_seed(0)  # the labs' default --seed: the same initial weights
+    moved = max_difference(params["baseline"], build_model("standard").state_dict())
+    assert moved > 1e-3, "the oracle is meaningless if training did not move the parameters"
+    assert max_difference(params["baseline"], params[lab]) < ORACLE_ATOL
+
+
+RECORD_RUNS = [
+    # (lab, world size, launcher, more lab arguments)
+    ("baseline", 1, None, []),
+    ("ddp", 1, None, []),
+    ("ddp", 2, None, []),  # torchrun
+    ("horovod", 1, None, []),
+    ("horovod", 2, None, []),  # horovodrun --gloo
+    ("horovod", 2, "mpirun", ["--fp16-allreduce"]),  # Horovod's MPI controller, fp16 gradient compression
+]
+
+
+@pytest.mark.parametrize(("lab", "world_size", "launcher", "extra"), RECORD_RUNS)
+def test_each_lab_writes_a_valid_record(distlab_run, lab, world_size, launcher, extra):
+    result = distlab_run(lab, world_size, ["--smoke", *extra], launcher=launcher)
+    assert result.returncode == 0, result.output
+    record = validate(result.record)
+    assert (record["lab"], record["status"], record["provenance"]["world_size"]) == (lab, "ok", world_size)
+    metrics, epochs = record["metrics"], record["config"]["epochs"]
+    assert len(metrics["train_loss"]) == len(metrics["test_accuracy"]) == len(metrics["epoch_seconds"]) == epochs
+    assert metrics["img_per_sec"] > 0 and metrics["final_accuracy"] == metrics["test_accuracy"][-1]
+    assert metrics["global_batch"] == SMOKE_BATCH * world_size
+    if lab == "baseline":
+        return
+    assert {name: check["passed"] for name, check in record["checks"].items()} == dict.fromkeys(DISTRIBUTED_CHECKS,
+                                                                                                 True)
+    assert [r["rank"] for r in record["ranks"]] == list(range(world_size))
+    # The fingerprints alone let a grader see the shards and the reshuffle.
+    trained = SMOKE_TRAIN_IMAGES // metrics["global_batch"] * metrics["global_batch"]
+    orders = metrics["sample_order"]
+    assert [epoch["epoch"] for epoch in orders] == list(range(epochs))
+    for epoch in orders:
+        assert sum(rank["count"] for rank in epoch["ranks"]) == trained
+    for rank in range(world_size):
+        assert orders[0]["ranks"][rank]["sha256"] != orders[1]["ranks"][rank]["sha256"]
+
+
+def test_a_world_size_too_large_for_the_data_is_refused(distlab_run):
+    result = distlab_run("ddp", 2, ["--smoke", "--train-size", "48"])  # a global batch is 2 x 32 = 64
+    assert result.returncode != 0, result.output
+    assert result.record["status"] == "failed"
+    # The harness reports the rank that failed first; the lab's own reason stays beside it.
+    reason = result.record.get("lab_reason") or result.record["reason"]
+    assert "cannot fill one global batch of 64" in reason
+
+
+def run_in_process(lab: str, argv: list[str], capsys) -> tuple[int, str]:
+    """A lab's main() in this process (world size 1, no launcher): for inputs refused before any training."""
+    main = runpy.run_path(str(REPO / "labs" / lab / "train.py"), run_name=f"{lab}_under_test")["main"]
+    try:
+        main(argv)
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    return code, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize(("lab", "argv", "expected"), [
+    ("baseline", ["--smoke", "--dataset", "imagenet"], "invalid choice: 'imagenet'"),
+    ("baseline", ["--smoke", "--dataset", "cifar10", "--data-dir", "{tmp}"], "distlab data --data-dir"),
+    ("baseline", ["--smoke", "--batch-size", "30", "--accumulate", "4"], "not divisible by --accumulate 4"),
+    ("baseline", ["--smoke", "--train-size", "16"], "cannot fill one global batch of 32"),
+    ("ddp", ["--smoke", "--sync-bn", "--device", "cpu"], "SyncBatchNorm refuses CPU modules"),
+    ("ddp", ["--smoke", "--fault", "crash:rank=0"], "expected crash:rank=R:step=S"),
+])
+def test_bad_input_stops_with_one_line(capsys, tmp_path, lab, argv, expected):
+    code, stderr = run_in_process(lab, [arg.format(tmp=tmp_path) for arg in argv], capsys)
+    assert code == 2
+    assert expected in stderr.splitlines()[-1]
+
+
+def test_a_checkpoint_of_another_model_is_refused_and_kept(capsys, tmp_path):
+    checkpoint, record = tmp_path / "other.pt", tmp_path / "record.json"
+    # A real checkpoint from a run with the CIFAR stem, resumed by a run that builds the standard stem.
+    code, stderr = run_in_process("baseline", ["--smoke", "--batch-size", "8", "--train-size", "8", "--test-size", "8",
+                                               "--epochs", "1", "--stem", "cifar",
+                                               "--checkpoint", str(checkpoint)], capsys)
+    assert code == 0, stderr
+    before = checkpoint.read_bytes()
+    code, stderr = run_in_process("baseline", ["--smoke", "--checkpoint", str(checkpoint), "--resume",
+                                               "--record", str(record)], capsys)
+    assert code == 2 and "resume with the same --stem" in stderr.splitlines()[-1]
+    assert checkpoint.read_bytes() == before
+    assert validate(json.loads(record.read_text()))["status"] == "failed"
+
+
+def test_bench_train_runs_every_kind_and_reports_the_three_ratios(tmp_path):
+    out = tmp_path / "bench.json"
+    assert bench_train.main(["--device", "cpu", "--steps", "4", "--repeats", "1", "--batch-size", "8",
+                             "--threads", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert set(result["img_per_sec"]) == {"in-memory loop", "baseline", "ddp, world size 1", "horovod, world size 1"}
+    assert [ratio["target"] for ratio in result["ratios"]] == [0.90, 0.95, 0.95]
+    assert all(ratio["value"] > 0 for ratio in result["ratios"])
