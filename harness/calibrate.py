@@ -8,7 +8,9 @@ is derived from the spread that was measured:
   at_least_fraction = (mean - 3 sd) / mean, clamped to [0.3, 0.9]: a healthy rerun on
   the same host stays above it, a run at a third of the speed does not.
 - accuracy: min = lowest run - max(3 sd, 0.05); max = 1.0. accuracy_delta across world
-  sizes = max(0.05, 3 x the largest sd).
+  sizes = max(0.05, 3 x the largest sd, 1.25 x the largest gap to world size 1 measured):
+  short runs with a larger global batch take fewer optimizer steps and lag behind, so the
+  reference host's own gap is the floor; a run that loses more than that fails.
 - scaling efficiency: at least 0.7 x the measured efficiency.
 - time budget: 3 x the slowest run + 30 s.
 - required checks: every check the labs' records carried.
@@ -67,8 +69,10 @@ def derive_lab(template: dict[str, Any], exp_metric: str, cells: dict[int, list[
         lowest = min(min(v) for v in accuracy.values() if v)
         spread = max(_sd(v) for v in accuracy.values() if v)
         metrics[ACCURACY] = {"min": round(max(0.0, lowest - max(3 * spread, 0.05)), 3), "max": 1.0}
-        if len(accuracy) > 1:
-            table["accuracy_delta"] = round(max(0.05, 3 * spread), 3)
+        base = accuracy.get(1)
+        if base and len(accuracy) > 1:
+            gap = max(abs(statistics.fmean(v) - statistics.fmean(base)) for v in accuracy.values() if v)
+            table["accuracy_delta"] = round(max(0.05, 3 * spread, 1.25 * gap), 3)
     if metrics:
         table["metrics"] = metrics
     return table
