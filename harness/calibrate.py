@@ -5,8 +5,10 @@ runs them (same arguments, taken from a template profile), K times each, and eac
 is derived from the spread that was measured:
 
 - throughput (img_per_sec or the lab's metric): expected = mean of the K runs;
-  at_least_fraction = (mean - 3 sd) / mean, clamped to [0.3, 0.9]: a healthy rerun on
-  the same host stays above it, a run at a third of the speed does not.
+  at_least_fraction = (mean - 3 sd) / mean, clamped to [0.3, 0.7]: a healthy rerun on
+  the same host stays above it, a run at a third of the speed does not. The cap: two or
+  three repeats underestimate the spread of a shared machine (a rerun here at 0.88 of the
+  calibrated mean was seen to fail a 0.881 band).
 - accuracy: min = lowest run - max(3 sd, 0.05); max = 1.0. accuracy_delta across world
   sizes = max(0.05, 3 x the largest sd, 1.25 x the largest gap to world size 1 measured):
   short runs with a larger global batch take fewer optimizer steps and lag behind, so the
@@ -59,7 +61,7 @@ def derive_lab(template: dict[str, Any], exp_metric: str, cells: dict[int, list[
                 expected[str(ws)] = round(mean, 4)
                 fractions.append((mean - 3 * _sd(values)) / mean if mean else 0.3)
         metrics[exp_metric] = {"expected": expected,
-                               "at_least_fraction": round(min(0.9, max(0.3, min(fractions))), 3)}
+                               "at_least_fraction": round(min(0.7, max(0.3, min(fractions))), 3)}
         if "1" in expected:
             table["efficiency_min"] = {ws: round(0.7 * expected[ws] / (int(ws) * expected["1"]), 3)
                                        for ws in expected if ws != "1"}

@@ -279,7 +279,7 @@ def _grade_plan(args: argparse.Namespace, default_labs: str = "") -> GradePlan:
     # Validate every run before the first one starts: a bad cell found after an hour helps nobody.
     for lab, ws in plan.cells():
         exp = profile.labs[lab]
-        build_request(lab, ws, list(exp.args), launcher=exp.launcher if ws > 1 else None, backend=exp.backend,
+        build_request(lab, ws, exp.args_at(ws), launcher=exp.launcher if ws > 1 else None, backend=exp.backend,
                       results_root=args.results, program=programs.get(lab))
     if not plan.cells():
         raise UsageError("nothing to run: no lab of the profile runs at the world sizes given")

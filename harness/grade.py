@@ -159,7 +159,8 @@ class GradePlan:
 
         for lab in self.labs:
             exp = self.profile.labs[lab]
-            sizes = self.world_sizes or list(exp.world_sizes)
+            # Expectations exist only where the profile has them: --world-sizes selects among those.
+            sizes = [ws for ws in exp.world_sizes if not self.world_sizes or ws in self.world_sizes]
             limit = LABS[lab].max_world_size
             planned += [(lab, ws) for ws in sizes if limit is None or ws <= limit]
         return planned
@@ -177,7 +178,7 @@ def execute(plan: GradePlan, build_request: Any, run_lab: Any,
     for index, (lab, ws) in enumerate(cells, 1):
         exp = plan.profile.labs[lab]
         for repeat in range(1, plan.repeats + 1):
-            request = build_request(lab, ws, list(exp.args), launcher=exp.launcher if ws > 1 else None,
+            request = build_request(lab, ws, exp.args_at(ws), launcher=exp.launcher if ws > 1 else None,
                                     backend=exp.backend, timeout_s=plan.timeout_s or exp.time_budget_s * 2,
                                     results_root=plan.results_root, program=plan.programs.get(lab))
             label = f"[{index}/{len(cells)}] {lab} ws={ws} run {repeat}/{plan.repeats}"

@@ -7,7 +7,7 @@ names the file, the key and what was expected.
     name, description, provisional, auto_select
     [measured]  where, how, date, repeats, versions        (provenance of the numbers)
     [match]     gpus, gpu_model, min_cores                 (which hosts it fits)
-    [labs.NAME] world_sizes, args, backend, launcher, time_budget_s, required_checks,
+    [labs.NAME] world_sizes, args, world_size_args, backend, launcher, time_budget_s, required_checks,
                 accuracy_delta, efficiency_min, throughput_metric, accuracy_metric
     [labs.NAME.metrics.METRIC]  min/max | value+tolerance | expected{ws}+at_least_fraction
 """
@@ -58,6 +58,7 @@ class LabExpectation:
     lab: str
     world_sizes: tuple[int, ...]
     args: tuple[str, ...] = ()
+    world_size_args: dict[int, tuple[str, ...]] = field(default_factory=dict)  # added at that world size
     backend: str | None = None
     launcher: str | None = None
     time_budget_s: float = 600.0
@@ -67,6 +68,9 @@ class LabExpectation:
     efficiency_min: dict[int, float] = field(default_factory=dict)
     throughput_metric: str = "img_per_sec"
     bands: tuple[Band, ...] = ()
+
+    def args_at(self, world_size: int) -> list[str]:
+        return [*self.args, *self.world_size_args.get(world_size, ())]
 
 
 @dataclass(frozen=True)
@@ -142,8 +146,8 @@ class _Reader:
                 raise self.fail(key, f"one of {', '.join(sorted(allowed))} (unknown key)")
 
 
-LAB_KEYS = {"world_sizes", "args", "backend", "launcher", "time_budget_s", "required_checks", "accuracy_delta",
-            "accuracy_metric", "efficiency_min", "throughput_metric", "metrics"}
+LAB_KEYS = {"world_sizes", "args", "world_size_args", "backend", "launcher", "time_budget_s", "required_checks",
+            "accuracy_delta", "accuracy_metric", "efficiency_min", "throughput_metric", "metrics"}
 
 
 def _band(reader: _Reader, metric: str) -> Band:
@@ -167,11 +171,17 @@ def _lab(reader: _Reader, name: str) -> LabExpectation:
     args = reader.get("args", list, "a list of strings", [])
     if not all(isinstance(a, str) for a in args):
         raise reader.fail("args", "a list of strings", args)
+    extra = {}
+    for size, more in reader.get("world_size_args", dict, 'a table like { "2" = ["--batch-size", "16"] }',
+                                 {}).items():
+        if not str(size).isdigit() or not isinstance(more, list) or not all(isinstance(a, str) for a in more):
+            raise reader.fail(f"world_size_args.{size}", "a world size as the key and a list of strings")
+        extra[int(size)] = tuple(more)
     required = reader.get("required_checks", list, "a list of check names", [])
     bands = tuple(_band(reader.sub("metrics").sub(metric), metric)
                   for metric in reader.get("metrics", dict, "a table of metric bands", {}))
     return LabExpectation(
-        lab=name, world_sizes=tuple(sizes), args=tuple(args),
+        lab=name, world_sizes=tuple(sizes), args=tuple(args), world_size_args=extra,
         backend=reader.get("backend", str, "a backend name", None),
         launcher=reader.get("launcher", str, "a launcher name", None),
         time_budget_s=reader.number("time_budget_s", 600.0, low=1.0),

@@ -299,6 +299,8 @@ def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], Non
         "rank_logs": {rank: str(path.name) for rank, path in rank_logs.items()},
         "placement": {k: str(v) if isinstance(v, Path) else v for k, v in request.placement.items()},
         "max_restarts": request.max_restarts,
+        # torchrun keeps one log folder per attempt: attempts after the first are restarts.
+        "restarts": max(0, len(list((run_dir / "logs").glob("*/attempt_*"))) - 1),
     })
     if interrupted:
         raise KeyboardInterrupt

@@ -173,3 +173,16 @@ def test_calibration_derives_bands_from_the_measured_spread():
     assert table["time_budget_s"] == 66
     assert table["required_checks"] == ["params_identical"]
     assert json.dumps(table)  # plain data, ready for TOML
+
+
+def test_world_sizes_select_among_the_profiles_cells_and_add_their_arguments(tmp_path):
+    from harness.grade import GradePlan
+
+    path = write(tmp_path, GOOD.replace("world_sizes = [1, 2]", 'world_sizes = [1, 2]\nworld_size_args = '
+                                        '{ "2" = ["--batch-size", "16"] }'))
+    profile = load_profile(path)
+    exp = profile.labs["ddp"]
+    assert exp.args_at(1) == [] and exp.args_at(2) == ["--batch-size", "16"]
+    plan = GradePlan(profile, ["ddp"], [2, 4], 1, {}, tmp_path, None)
+    assert plan.cells() == [("ddp", 2)]  # no expectations at 4: not run
+    assert GradePlan(profile, ["ddp"], None, 1, {}, tmp_path, None).cells() == [("ddp", 1), ("ddp", 2)]

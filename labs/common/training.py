@@ -713,6 +713,9 @@ class Fault(str):
 
 def fault_point(fault: Fault | None, rank: int, step: int) -> None:
     """Called after every optimizer step: fires --fault when its rank reaches its step."""
+    # An injected fault happens once: a rank restarted by torchrun --max-restarts runs clean.
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return
     if fault is None or rank != fault.rank or step != fault.step:
         return
     print(f"fault: {fault.kind} on rank {rank} at step {step}", flush=True)

@@ -11,6 +11,7 @@ gradients across processes during backward, so all replicas take the same step.
 """
 
 import argparse
+import os
 import time
 from contextlib import nullcontext
 
@@ -111,7 +112,11 @@ def main(argv=None):
         optimizer = training.make_optimizer(model, lr, args)
         precision = training.make_precision(args, device)
         first_epoch, step, history = 0, 0, training.History.empty()
-        if args.resume:
+        # Elastic restarts (torchrun --max-restarts N): after a rank fails, torchrun starts every
+        # rank again and counts in TORCHELASTIC_RESTART_COUNT; the run goes on from its last checkpoint.
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        record.metrics["restarts"] = restarts
+        if args.resume or (restarts and args.checkpoint is not None and args.checkpoint.is_file()):
             # Every rank reads the checkpoint onto its own device (training.load_checkpoint maps it there).
             first_epoch, step, history = training.load_checkpoint(args.checkpoint, model, optimizer, device,
                                                                   args, global_batch)
