@@ -81,7 +81,9 @@ def main() -> None:
             done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=300,
                                   env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"))
             message = (done.stderr.strip() or done.stdout.strip()).splitlines()
-            shown = message[-1] if message else ""
+            # make adds its own "*** Error" line after the script's message: show the message.
+            shown = next((line for line in message if "error" in line.lower() and "***" not in line),
+                         message[-1] if message else "")
             rows.append(f"| {what} | `{command.format(**{k: Path(v).name for k, v in values.items()})}` | "
                         f"{done.returncode} | {shown.replace('|', '/')} | {test} |")
     text = ["# Bad input, tried", "",
