@@ -278,11 +278,15 @@ def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], Non
     elif record is None:
         record = _harness_record(request, reason or record_error or "no record")
         write_json_atomic(record_path, record)
-    elif reason:
+    elif reason and not (record["status"] == "failed" and failure and failure.exit_code in (1, 2)):
         # The launcher's account comes first: when rank 1 dies, rank 0 typically fails too
         # ("connection reset", "Horovod has been shut down"), and that is a consequence.
+        # Unless the ranks ended with the contract's own codes (1: a check failed, 2: bad input):
+        # then the lab's reason is the cause, and the launcher only reports it.
         record.update(status="failed", reason=reason, lab_status=record["status"], lab_reason=record["reason"])
         write_json_atomic(record_path, record)
+    elif reason:
+        reason = f"{record['reason']} ({reason})"
 
     lab_ok = record is None or record["status"] == "ok"
     status = "ok" if process.returncode == 0 and lab_ok and not record_error else "failed"

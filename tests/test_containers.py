@@ -286,6 +286,10 @@ def _engine_with_cpu_image() -> tuple[str | None, str]:
 @pytest.mark.integration
 @pytest.mark.parametrize(("lab", "lab_args"), [("check", ""), ("ddp", "--smoke")])
 def test_lab_runs_in_the_cpu_image_as_its_unprivileged_user(lab, lab_args, tmp_path):
+    if os.environ.get("DISTLAB_ENGINE_TESTS") != "1":
+        # Opt-in: a container engine left on a machine (podman installed by `nox -s image`) may not
+        # work in every later sandbox (its network cache, cgroups); `nox -s image` sets this.
+        pytest.skip("container tests are opt-in: DISTLAB_ENGINE_TESTS=1 (nox -s image runs them)")
     engine, image = _engine_with_cpu_image()
     if engine is None:
         pytest.skip(image)
