@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.labs import LABS
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             library = LIBRARIES[name]
             reason = library.needs(args.world_size)
             if reason:
-                console.print(f"[yellow]{name}: skipped[/]: {reason}")
+                console.print(f"[yellow]{name}: skipped[/]: {escape(reason)}")
                 results.append({"library": name, "skipped": reason})
                 continue
             bench, reference = [], []
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                     folder = workdir / name / f"{side}-{repeat}"
                     measured = (run_bench if side == "bench" else run_reference)(library, sizes, args, folder)
                     if isinstance(measured, str):
-                        console.print(f"[red]{name}: {side} failed[/]: {measured}")
+                        console.print(f"[red]{name}: {side} failed[/]: {escape(measured)}")
                         failed = True
                         break
                     into.append(measured)
@@ -158,7 +159,7 @@ def _launch(launcher: str, program: Path, lab_args: list[str], world_size: int, 
     """Start world_size ranks with the real launcher; None when they all succeed, else the output's tail."""
     folder.mkdir(parents=True, exist_ok=True)
     spec = LaunchSpec(program=program, lab_args=lab_args, world_size=world_size, log_dir=folder / "logs")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **LAUNCHERS[launcher].env}
     done = subprocess.run(LAUNCHERS[launcher].command(spec), capture_output=True, text=True, env=env,
                           stdin=subprocess.DEVNULL, timeout=1800)
     (folder / "launcher.log").write_text(done.stdout + done.stderr)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 
 from harness import multinode
 from harness.labs import DEFAULT_LAUNCHER, LABS, LAUNCHERS_FOR_BACKEND
@@ -212,20 +213,20 @@ def print_summary(result: RunResult) -> None:
                           for k, v in list(metrics.items())[:6] if isinstance(v, (int, float, str)))
         console.print(f"[green]ok[/green] in {result.wall_seconds:.1f} s  {shown}")
     else:
-        console.print(f"[red]FAILED[/red] after {result.wall_seconds:.1f} s: {result.reason}")
-        if result.timed_out:  # a hang: every rank's last words, and where py-spy saw each stack
+        console.print(f"[red]FAILED[/red] after {result.wall_seconds:.1f} s: {escape(result.reason or '')}")
+        if result.hang_suspected:  # a hang: every rank's last words, and where py-spy saw each stack
             for log in sorted(result.run_dir.glob("rank.*.log")):
-                console.print(f"--- last lines of {log.stem} ({log}) ---")
+                console.print(f"--- last lines of {log.stem} ({log}) ---", markup=False)
                 console.print(tail(log, 5), markup=False)
             if (result.run_dir / "stacks.txt").exists():
-                console.print(f"stacks of the hung ranks: {result.run_dir / 'stacks.txt'}")
+                console.print(f"stacks of the hung ranks: {result.run_dir / 'stacks.txt'}", markup=False)
         else:
             rank = result.failure.rank if result.failure and result.failure.rank is not None else 0
             log = result.run_dir / f"rank.{rank}.log"
             if log.exists():
-                console.print(f"--- last lines of rank {rank} ({log}) ---")
+                console.print(f"--- last lines of rank {rank} ({log}) ---", markup=False)
                 console.print(tail(log), markup=False)
-    console.print(f"run directory: {run}")
+    console.print(f"run directory: {run}", markup=False)
 
 
 def cmd_run(args: argparse.Namespace, lab_args: list[str]) -> int:
@@ -286,7 +287,7 @@ def _grade_plan(args: argparse.Namespace, default_labs: str = "") -> GradePlan:
     return plan
 
 
-def _execute_with_progress(plan: GradePlan) -> tuple[dict, float]:
+def _execute_with_progress(plan: GradePlan, done: dict | None = None) -> tuple[dict, float]:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from harness.grade import execute
@@ -296,27 +297,38 @@ def _execute_with_progress(plan: GradePlan) -> tuple[dict, float]:
                   transient=True) as progress:
         task = progress.add_task("starting", total=None)
         done = execute(plan, build_request, run_lab,
-                       progress=lambda text: progress.update(task, description=text))
+                       progress=lambda text: progress.update(task, description=text), done=done)
     return done, time.monotonic() - started
 
 
 def cmd_grade(args: argparse.Namespace, lab_args: list[str]) -> int:
     from harness import report
-    from harness.grade import evaluate, harness_overhead, in_github_actions
+    from harness.grade import Verdict, evaluate, harness_overhead, in_github_actions
     from harness.runner import new_run_dir
 
     plan = _grade_plan(args)
     console.print(f"distlab grade: profile {plan.profile.name}"
                   f"{' (PROVISIONAL: numbers not measured on this hardware)' if plan.profile.provisional else ''}; "
                   f"{len(plan.cells())} cell(s) x {plan.repeats} repeat(s)")
-    done, wall = _execute_with_progress(plan)
+    done: dict = {}
+    started = time.monotonic()
+    try:
+        _, wall = _execute_with_progress(plan, done)
+        interrupted = False
+    except KeyboardInterrupt:  # Ctrl-C: the run in flight is stopped; report what finished
+        wall, interrupted = time.monotonic() - started, True
     verdicts = evaluate(plan, done)
+    if interrupted:
+        finished = sum(len(samples) for samples in done.values())
+        verdicts.append(Verdict("grade", None, "completed", f"interrupted after {finished} run(s)",
+                                f"{len(plan.cells()) * plan.repeats} run(s)", False,
+                                "Ctrl-C: the verdicts above cover only the runs that finished"))
     overhead = harness_overhead(wall, done)
     report_dir = new_run_dir(args.results, "grade", max(ws for _, ws in plan.cells()), plan.profile.name)
     summary = {"profile": plan.profile.name, "provisional": plan.profile.provisional,
                "profile_measured": plan.profile.measured, "labs": plan.labs, "repeats": plan.repeats,
                "runs": sum(len(s) for s in done.values()), "wall_seconds": wall, "harness_overhead": overhead,
-               "failed": sum(v.passed is False for v in verdicts)}
+               "failed": sum(v.passed is False for v in verdicts), "interrupted": interrupted}
     paths = report.write_report(report_dir, summary, verdicts, done)
     console.print(report.verdict_table(verdicts, f"distlab grade: {plan.profile.name}"))
     step_summary = in_github_actions()
@@ -326,7 +338,9 @@ def cmd_grade(args: argparse.Namespace, lab_args: list[str]) -> int:
     failed = summary["failed"]
     console.print(f"{'[red]FAILED[/red]' if failed else '[green]passed[/green]'}: {failed} failed check(s); "
                   f"{summary['runs']} run(s) in {wall:.0f} s, harness overhead {overhead:.3f}")
-    console.print(f"report: {paths['html']}  junit: {paths['junit']}")
+    console.print(f"report: {paths['html']}  junit: {paths['junit']}", markup=False)
+    if interrupted:
+        raise KeyboardInterrupt  # main() says so and exits 130
     return 1 if failed else 0
 
 
@@ -344,7 +358,8 @@ def cmd_calibrate(args: argparse.Namespace, lab_args: list[str]) -> int:
     done, _ = _execute_with_progress(plan)
     failed = [s for samples in done.values() for s in samples if s.status != "ok"]
     if failed:
-        console.print(f"[red]calibration needs successful runs[/red]: {failed[0].run_dir}: {failed[0].reason}")
+        where = escape(f"{failed[0].run_dir}: {failed[0].reason}")
+        console.print(f"[red]calibration needs successful runs[/red]: {where}")
         return 1
     host = doctor.fingerprint()
     template_data = profiles.tomllib.loads(plan.profile.path.read_text())

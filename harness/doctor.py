@@ -15,6 +15,7 @@ from importlib import metadata
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from harness.labs import LABS, LAUNCHERS_FOR_BACKEND
@@ -128,7 +129,7 @@ def main(as_json: bool = False) -> int:
     console = Console(highlight=False)
     versions = Table(title="versions", show_header=False)
     for name, value in found["versions"].items():
-        versions.add_row(name, value or "[red]missing[/red]")
+        versions.add_row(name, escape(value) if value else "[red]missing[/red]")
     versions.add_row("horovod ops", ", ".join(found["horovod_build"].get("tensor operations", [])) or "-")
     versions.add_row("horovod controllers", ", ".join(found["horovod_build"].get("controllers", [])) or "-")
     console.print(versions)
@@ -147,7 +148,7 @@ def main(as_json: bool = False) -> int:
                          entry["world_sizes_without_oversubscribing"])
     console.print(labs)
     for problem in missing:
-        console.print(f"[red]problem:[/red] {problem}")
+        console.print(f"[red]problem:[/red] {escape(problem)}")
     return 1 if missing else 0
 
 

@@ -170,10 +170,13 @@ def sample_of(result: Any) -> Sample:
     return Sample(str(result.run_dir), result.status, result.reason, result.wall_seconds, result.record)
 
 
-def execute(plan: GradePlan, build_request: Any, run_lab: Any,
-            progress: Any = None) -> dict[tuple[str, int], list[Sample]]:
-    """Run every planned cell `repeats` times; build_request/run_lab are the CLI's own."""
-    done: dict[tuple[str, int], list[Sample]] = {}
+def execute(plan: GradePlan, build_request: Any, run_lab: Any, progress: Any = None,
+            done: dict[tuple[str, int], list[Sample]] | None = None) -> dict[tuple[str, int], list[Sample]]:
+    """Run every planned cell `repeats` times; build_request/run_lab are the CLI's own.
+
+    Samples go into `done` as each run ends, so a caller that is interrupted keeps them.
+    """
+    done = {} if done is None else done
     cells = plan.cells()
     for index, (lab, ws) in enumerate(cells, 1):
         exp = plan.profile.labs[lab]

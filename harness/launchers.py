@@ -12,7 +12,7 @@ import re
 import shutil
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -75,12 +75,23 @@ def torchrun_command(spec: LaunchSpec) -> list[str]:
         if spec.local_addr:
             rendezvous += ["--local-addr", spec.local_addr]
     else:
-        # --standalone: a c10d rendezvous on a free localhost port, so parallel runs never clash.
-        rendezvous = ["--standalone", "--nnodes", "1"]
+        # One node: the c10d rendezvous keeps its state in a file of this run's own (no port, so
+        # parallel runs never clash, and nothing listens on the network), and the workers' store
+        # is served by rank 0 on loopback (see TORCHRUN_ENV and labs/common/contract.py).
+        rendezvous = ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", str(spec.log_dir / "rendezvous"),
+                      "--rdzv-conf", "store_type=file", "--rdzv-id", spec.rdzv_id, "--local-addr", "127.0.0.1"]
     # --redirects/--tee 3: each rank's stdout and stderr in its own file and on the console.
     return [_tool(spec, "torchrun"), *rendezvous, "--nproc-per-node", str(spec.world_size // spec.nnodes),
             "--max-restarts", str(spec.max_restarts), "--log-dir", str(spec.log_dir), "--redirects", "3",
             "--tee", "3", str(spec.program), *spec.lab_args]
+
+
+# By default torchrun's agent serves one TCPStore for the whole job, on every interface, and
+# every restart attempt's workers meet in it under the same keys: after --max-restarts
+# restarts a worker, its peers can read the failed attempt's addresses and dial dead ports
+# (pytorch/pytorch#135712, #167288; seen here in 2 of 3 elastic runs). Without sharing, each
+# attempt's rank 0 serves a store on a fresh port, and on one node only on loopback.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def _host_list(spec: LaunchSpec) -> str:
@@ -123,6 +134,11 @@ def mpirun_command(spec: LaunchSpec) -> list[str]:
     if spec.network_interface:  # Open MPI's own TCP traffic on the same interface as the backends'
         command += ["--mca", "btl_tcp_if_include", spec.network_interface,
                     "--mca", "oob_tcp_if_include", spec.network_interface]
+    if not spec.multinode:
+        # One host: ranks talk through shared memory. Without the TCP transport no rank listens on
+        # the network (each otherwise opens a port on every interface). Open MPI 5's runtime (PRRTE)
+        # still listens for its own control channel: it refuses to be confined to loopback.
+        command += ["--mca", "btl", "^tcp"]
     for name in spec.env_names:
         command += ["-x", name]
     return command + [spec.python, str(spec.program), *spec.lab_args]
@@ -229,11 +245,12 @@ class Launcher:
     rank_logs: Callable[[Path], dict[int, list[Path]]]
     failure: Callable[[str], Failure | None]
     install_hint: str
+    env: dict[str, str] = field(default_factory=dict)  # set for the launcher, on top of the run's
 
 
 LAUNCHERS = {launcher.name: launcher for launcher in [
     Launcher("torchrun", torchrun_command, _rank_logs_torchrun, _failure_torchrun,
-             "torchrun comes with torch: run `make setup`"),
+             "torchrun comes with torch: run `make setup`", TORCHRUN_ENV),
     Launcher("horovodrun", horovodrun_command, _rank_logs_horovodrun, _failure_horovodrun,
              "horovodrun comes with Horovod: run `make setup` (it builds Horovod)"),
     Launcher("mpirun", mpirun_command, _rank_logs_mpirun, _failure_mpirun,

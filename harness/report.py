@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from harness.grade import Sample, Verdict
@@ -27,8 +28,8 @@ def verdict_table(verdicts: list[Verdict], title: str) -> Table:
         table.add_column(column)
     style = {True: "green", False: "bold red", None: "dim"}
     for v in verdicts:
-        table.add_row(v.lab, "all" if v.world_size is None else str(v.world_size), v.check, v.measured, v.expected,
-                      f"[{style[v.passed]}]{MARK[v.passed]}[/]")
+        table.add_row(v.lab, "all" if v.world_size is None else str(v.world_size), escape(v.check), escape(v.measured),
+                      escape(v.expected), f"[{style[v.passed]}]{MARK[v.passed]}[/]")
     return table
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import re
 import shlex
 import signal
 import socket
@@ -38,6 +39,21 @@ from labs.common.contract import Record, Topology, write_json_atomic
 
 KILL_GRACE_S = 5.0  # SIGTERM first, so launchers can pass it on; SIGKILL after this
 LOG_TAIL_LINES = 20
+# A rank stuck outside the collectives (a hang, a skipped all-reduce) leaves its peers waiting in
+# one; each backend's own timeout then ends them with one of these, naming no culprit.
+COLLECTIVE_TIMEOUT = re.compile("|".join([
+    r"Timed out waiting \d+ms for \w+ operation",  # Gloo
+    r"Watchdog caught collective operation timeout",  # NCCL
+    r"wait timeout after \d+ms",  # TCPStore, waiting for a peer at a barrier
+]))
+# Horovod's stall inspector instead reports on rank 0, naming the missing ranks. It runs under the
+# MPI controller (mpirun); Horovod 0.28.1's Gloo controller (horovodrun --gloo) never fires it, as
+# measured here, so there only the watchdog ends a hang.
+HOROVOD_STALL = re.compile(r"stalled for longer than \d+ seconds\. Will shutdown")
+# Collective timeout handed to the labs (their --timeout): under the watchdog, so a backend names
+# the stuck collective before the watchdog has to end the run, but never so short that a slow
+# start or a checkpoint write on rank 0 trips it.
+COLLECTIVE_TIMEOUT_S = (30.0, 120.0)
 
 
 @dataclass
@@ -68,6 +84,7 @@ class RunResult:
     wall_seconds: float
     timed_out: bool = False
     interrupted: bool = False
+    hang_suspected: bool = False  # the watchdog fired, or a backend's collective timeout did
 
     @property
     def ok(self) -> bool:
@@ -166,6 +183,15 @@ def _stack_dumps(run_id: str, program: Path) -> str:
     return "\n".join(dumps)
 
 
+def collective_timeout(watchdog_s: float) -> float:
+    low, high = COLLECTIVE_TIMEOUT_S
+    return min(high, max(low, watchdog_s / 2))
+
+
+def _gives(args: list[str], flag: str) -> bool:
+    return any(arg == flag or arg.startswith(flag + "=") for arg in args)
+
+
 def gather_rank_logs(request: RunRequest, run_dir: Path) -> dict[int, Path]:
     """One rank.<r>.log per rank, whatever layout the launcher used."""
     gathered = {}
@@ -201,6 +227,7 @@ def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], Non
         "MASTER_ADDR": "127.0.0.1",  # single node: rendezvous stays on loopback
         "MASTER_PORT": str(_free_port()),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+        **LAUNCHERS[request.launcher].env,
         **request.extra_env,
     })
     commit = _git_commit()
@@ -208,7 +235,10 @@ def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], Non
         env["DISTLAB_GIT_COMMIT"] = commit
     spec = LaunchSpec(
         program=request.program,
-        lab_args=["--backend", request.backend, "--record", str(record_path), *request.lab_args],
+        lab_args=["--backend", request.backend, "--record", str(record_path),
+                  *([] if _gives(request.lab_args, "--timeout") else
+                    ["--timeout", f"{collective_timeout(request.timeout_s):g}"]),
+                  *request.lab_args],
         world_size=request.world_size,
         log_dir=run_dir / "logs",
         python=request.python,
@@ -219,8 +249,9 @@ def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], Non
         **request.placement,
     )
     command = LAUNCHERS[request.launcher].command(spec)
+    shown_env = {"OMP_NUM_THREADS": str(request.threads), **LAUNCHERS[request.launcher].env}
     (run_dir / "command.txt").write_text(
-        f"OMP_NUM_THREADS={request.threads} {shlex.join(command)}\n")
+        " ".join(f"{name}={shlex.quote(value)}" for name, value in shown_env.items()) + f" {shlex.join(command)}\n")
 
     started = time.monotonic()
     timed_out = interrupted = False
@@ -291,14 +322,22 @@ def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], Non
     lab_ok = record is None or record["status"] == "ok"
     status = "ok" if process.returncode == 0 and lab_ok and not record_error else "failed"
     final_reason = reason or (record or {}).get("reason") or record_error
+    hang_reason = None if timed_out or status == "ok" else _collective_timeout(rank_logs, launcher_output)
+    if hang_reason:
+        final_reason = f"{hang_reason} ({final_reason})"
+        if record is not None and record_path.exists():
+            record["reason"] = final_reason
+            write_json_atomic(record_path, record)
     result = RunResult(run_dir, process.returncode if process.returncode is not None else -9, status,
-                       None if status == "ok" else final_reason, record, failure, wall, timed_out, interrupted)
+                       None if status == "ok" else final_reason, record, failure, wall, timed_out, interrupted,
+                       hang_suspected=timed_out or bool(hang_reason))
     write_json_atomic(run_dir / "run.json", {
         "lab": request.lab, "program": str(request.program), "world_size": request.world_size,
         "launcher": request.launcher, "backend": request.backend, "threads_per_rank": request.threads,
         "oversubscribed": request.world_size * request.threads > (os.cpu_count() or 1),
         "command": command, "returncode": result.returncode, "status": status, "reason": result.reason,
         "failure": asdict(failure) if failure else None, "timed_out": timed_out, "interrupted": interrupted,
+        "hang_suspected": result.hang_suspected,
         "wall_seconds": wall, "record_error": record_error, "run_id": run_id,
         "rank_logs": {rank: str(path.name) for rank, path in rank_logs.items()},
         "placement": {k: str(v) if isinstance(v, Path) else v for k, v in request.placement.items()},
@@ -309,6 +348,28 @@ def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], Non
     if interrupted:
         raise KeyboardInterrupt
     return result
+
+
+def _collective_timeout(rank_logs: dict[int, Path], launcher_output: str) -> str | None:
+    """A failed run's hang, as the backends' own timeouts reported it; None if none did."""
+    waited = [rank for rank, log in sorted(rank_logs.items())
+              if COLLECTIVE_TIMEOUT.search(log.read_text(errors="replace"))]
+    if waited:
+        # The ranks that timed out were waiting for the others. Those that did not were stuck
+        # elsewhere: a person should look at them first. When all timed out, each was waiting
+        # in a different collective (a rank skipped one). Only this node's ranks are judged.
+        stuck = [rank for rank in sorted(rank_logs) if rank not in waited]
+        if stuck:
+            return (f"hang suspected: a collective timed out on rank {_ranks(waited)}; rank {_ranks(stuck)} never "
+                    f"reported it, look there first")
+        return "hang suspected: a collective timed out on every rank, each waiting in a different one"
+    if HOROVOD_STALL.search(launcher_output):
+        return "hang suspected: Horovod's stall inspector shut the job down; rank 0's log names the missing ranks"
+    return None
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
 
 
 def _harness_record(request: RunRequest, reason: str) -> dict[str, Any]:

@@ -21,6 +21,8 @@ from harness import cli
     (["run", "check", "-n", "2", "--backend", "nccl"], "backend nccl needs 2 GPU(s)"),
     (["run", "check", "-n", "1", "--program", "/no/such/file.py"], "program /no/such/file.py does not exist"),
     (["run", "check", "-n", "1", "--timeout", "-3"], "is not positive"),
+    (["run", "ddp", "-n", "2", "--launcher", "mpirun", "--max-restarts", "1"], "--max-restarts needs torchrun"),
+    (["run", "ddp", "-n", "2", "--max-restarts", "-1"], "--max-restarts -1 is negative"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_starts(argv, message, capsys, tmp_path, monkeypatch):
@@ -59,3 +61,13 @@ def test_default_launcher_follows_the_backend(tmp_path):
     assert (request.launcher, request.threads) == ("mpirun", max(1, (os.cpu_count() or 1) // 2))
     args = cli.build_parser().parse_args(["run", "check", "-n", "1", "--results", str(tmp_path)])
     assert cli.resolve_request("check", 1, args, []).launcher == "python"
+
+
+def test_a_failure_reason_in_brackets_is_printed_as_text_not_markup(capsys, tmp_path):
+    # Gloo's messages start with "[/path/pair.cc:152]", which rich would take for a closing tag.
+    (tmp_path / "rank.0.log").write_text("[rank0]: RuntimeError: [/__w/gloo/pair.cc:152] timed out\n")
+    reason = "RuntimeError: [/__w/gloo/pair.cc:152] timed out connecting [bold]"
+    result = cli.RunResult(tmp_path, 1, "failed", reason, None, None, 1.0)
+    cli.print_summary(result)
+    out = capsys.readouterr().out
+    assert reason in out and "[rank0]: RuntimeError: [/__w/gloo/pair.cc:152] timed out" in out

@@ -32,6 +32,7 @@ from labs.common.training import (
     make_optimizer,
     parse_fault,
     save_checkpoint,
+    skips_collective,
     steps_per_epoch,
     synthetic_cifar10,
     train_loader,
@@ -347,10 +348,23 @@ def test_fault_specs():
     assert (fault.kind, fault.rank, fault.step) == ("crash", 1, 20)
     assert json.dumps({"fault": fault}) == '{"fault": "crash:rank=1:step=20"}'  # the record's config holds it
     assert parse_fault("hang:step=3:rank=0").kind == "hang"
+    assert parse_fault("skip:rank=1:step=2").kind == "skip"
     for bad in ("crash", "crash:rank=1", "explode:rank=0:step=1", "crash:rank=x:step=1", "crash:rank=0:step=0",
                 "crash:rank=0:step=1:extra=2"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_fault(bad)
+
+
+def test_a_skip_fault_fires_once_on_its_rank_and_never_after_a_restart(monkeypatch, capsys):
+    fault = parse_fault("skip:rank=1:step=2")
+    assert not skips_collective(fault, 0, 2) and not skips_collective(fault, 1, 1)
+    assert skips_collective(fault, 1, 2)
+    # Once: a rank that left its step out still counts that step as next, and must then run it.
+    assert not skips_collective(fault, 1, 2)
+    assert "fault: skip on rank 1 at step 2" in capsys.readouterr().out
+    assert not skips_collective(parse_fault("crash:rank=1:step=2"), 1, 2)  # other kinds fire elsewhere
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert not skips_collective(parse_fault("skip:rank=1:step=2"), 1, 2)
 
 
 def test_imageset_single_item_matches_its_batch():

@@ -14,9 +14,14 @@ def spec(world_size: int = 2) -> LaunchSpec:
                       env_names=("OMP_NUM_THREADS", "MASTER_ADDR"))
 
 
-def test_torchrun_is_standalone_with_one_process_per_rank_and_per_rank_logs():
+def test_torchrun_on_one_node_meets_in_a_file_and_serves_no_port_of_its_own():
     command = LAUNCHERS["torchrun"].command(spec(4))
-    assert "--standalone" in command
+    # The rendezvous state lives in a file of the run's own; the workers' store on loopback.
+    assert command[command.index("--rdzv-endpoint") + 1] == "/run/logs/rendezvous"
+    assert command[command.index("--rdzv-conf") + 1] == "store_type=file"
+    assert command[command.index("--local-addr") + 1] == "127.0.0.1"
+    # Each restart attempt gets a fresh store: the agent's shared one keeps a failed attempt's keys.
+    assert LAUNCHERS["torchrun"].env == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     assert command[command.index("--nproc-per-node") + 1] == "4"
     assert command[command.index("--log-dir") + 1] == "/run/logs"
     assert command[-5:] == ["/repo/labs/check/check.py", "--backend", "gloo", "--record", "r.json"]
@@ -36,6 +41,7 @@ def test_mpirun_flags_only_when_needed(monkeypatch, euid, cores, world_size, roo
     monkeypatch.setattr(launchers.os, "geteuid", lambda: euid)
     monkeypatch.setattr(launchers.os, "cpu_count", lambda: cores)
     command = LAUNCHERS["mpirun"].command(spec(world_size))
+    assert command[command.index("btl") + 1] == "^tcp"  # one host: shared memory, no rank listens on TCP
     assert ("--allow-run-as-root" in command) is root_flag
     assert ("--oversubscribe" in command) is oversubscribe
     assert command[command.index("-np") + 1] == str(world_size)

@@ -83,6 +83,7 @@ def test_multinode_launcher_lines():
     assert mpirun[mpirun.index("-H") + 1] == "node0:2,node1:2"
     assert "--oversubscribe" not in mpirun
     assert mpirun[mpirun.index("btl_tcp_if_include") + 1] == "ib0"
+    assert "^tcp" not in mpirun  # across hosts the ranks need TCP
     horovodrun = LAUNCHERS["horovodrun"].command(spec)
     assert horovodrun[horovodrun.index("-H") + 1] == "node0:2,node1:2"
     assert horovodrun[horovodrun.index("--network-interface") + 1] == "ib0"
@@ -125,6 +126,9 @@ def test_kubernetes_manifests_have_what_the_operators_require(name, kind, replic
     worker = specs["Worker"]["template"]["spec"]
     assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
     assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in worker["volumes"])  # /dev/shm
+    if kind == "PyTorchJob":  # elastic restarts need a fresh store per attempt
+        env = {item["name"]: item["value"] for item in worker["containers"][0]["env"]}
+        assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
 # --- two hosts on one machine -------------------------------------------------------------

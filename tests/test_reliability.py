@@ -1,7 +1,21 @@
-"""Elastic recovery: torchrun --max-restarts brings a crashed DDP run back from its checkpoint."""
+"""Faults injected on purpose (--fault), and what the harness makes of them.
 
+Crash: tests/test_check_lab.py and test_training_labs.py. Here: elastic recovery from a crash, a
+hung rank named by the backend's collective timeout, a skipped collective, the network surface of
+a run (loopback only), and Ctrl-C during a grade.
+"""
+
+import ipaddress
+import json
+import signal
+import subprocess
+import time
+
+import psutil
 import pytest
+from conftest import DISTLAB
 
+from harness import profiles
 from harness.runner import run_processes
 
 pytestmark = pytest.mark.integration
@@ -11,9 +25,6 @@ pytestmark = pytest.mark.integration
 SMOKE = ["--smoke", "--epochs", "3"]
 
 
-@pytest.mark.xfail(strict=False, reason="flaky, issue 8 left open: under load, after torchrun restarts the "
-                   "ranks, Gloo's connectFullMesh dials an address of the failed attempt (Connection refused) "
-                   "and the restart fails")
 def test_a_killed_rank_is_restarted_and_the_run_resumes_from_its_checkpoint(distlab_run, tmp_path):
     clean = distlab_run("ddp", 2, lab_args=[*SMOKE, "--checkpoint", str(tmp_path / "clean.pt")])
     assert clean.returncode == 0, clean.output
@@ -23,9 +34,10 @@ def test_a_killed_rank_is_restarted_and_the_run_resumes_from_its_checkpoint(dist
     assert "fault: crash on rank 1 at step 6" in crashed.output
     assert crashed.record["metrics"]["restarts"] == 1
     assert crashed.run["restarts"] == 1
-    # Resumed from epoch 1's checkpoint, the run retraces the uninterrupted one.
-    assert crashed.record["metrics"]["final_accuracy"] == pytest.approx(clean.record["metrics"]["final_accuracy"],
-                                                                        abs=0.02)
+    # Resumed from epoch 1's checkpoint, the run ends within the profile's accuracy band of the
+    # uninterrupted one (the band grading allows between world sizes).
+    band = profiles.load_profile(profiles.PROFILE_DIR / "cpu-smoke.toml").labs["ddp"].accuracy_delta
+    assert abs(crashed.record["metrics"]["final_accuracy"] - clean.record["metrics"]["final_accuracy"]) <= band
     assert crashed.record["checks"]["params_identical"]["passed"]
     assert run_processes(crashed.run["run_id"]) == []
 
@@ -35,3 +47,104 @@ def test_without_restarts_the_same_crash_fails_the_run(distlab_run, tmp_path):
                                               "--fault", "crash:rank=1:step=6"])
     assert crashed.returncode == 1
     assert crashed.run["failure"]["rank"] == 1 and crashed.run["failure"]["exit_code"] == 3
+
+
+def test_a_hung_rank_is_named_by_the_collective_timeout_before_the_watchdog(distlab_run):
+    result = distlab_run("ddp", 2, lab_args=[*SMOKE, "--timeout", "8", "--fault", "hang:rank=1:step=2"], timeout=240)
+    assert result.returncode == 1
+    assert result.run["timed_out"] is False and result.run["hang_suspected"] is True
+    # Rank 0 waited in the all-reduce and timed out; rank 1, asleep, never did: look there.
+    assert "hang suspected: a collective timed out on rank 0; rank 1 never reported it" in result.run["reason"]
+    assert result.record["reason"] == result.run["reason"]
+    assert "last lines of rank.1" in result.output
+    assert run_processes(result.run["run_id"]) == []
+
+
+def test_a_skipped_allreduce_leaves_every_rank_waiting_in_a_different_collective(distlab_run):
+    result = distlab_run("ddp", 2, lab_args=[*SMOKE, "--timeout", "8", "--fault", "skip:rank=1:step=2"], timeout=240)
+    assert result.returncode == 1
+    assert "fault: skip on rank 1 at step 2" in result.output
+    assert result.run["hang_suspected"] is True and result.run["timed_out"] is False
+    assert "hang suspected: a collective timed out" in result.run["reason"]
+
+
+def test_horovod_under_mpirun_names_the_rank_that_skipped_an_allreduce(distlab_run):
+    result = distlab_run("horovod", 2, launcher="mpirun",
+                         lab_args=[*SMOKE, "--timeout", "6", "--fault", "skip:rank=1:step=2"], timeout=240)
+    assert result.returncode == 1
+    assert "hang suspected: Horovod's stall inspector shut the job down" in result.run["reason"]
+    assert "Missing ranks:" in result.output
+
+
+def _listening(marker: str) -> dict[str, set[str]]:
+    """The addresses the processes whose command line holds `marker` listen on, by process name."""
+    found: dict[str, set[str]] = {}
+    for process in psutil.process_iter(["name", "cmdline"]):
+        try:
+            if marker not in " ".join(process.info["cmdline"] or []):
+                continue
+            for connection in process.net_connections(kind="inet"):
+                if connection.status == psutil.CONN_LISTEN:
+                    found.setdefault(process.info["name"], set()).add(connection.laddr.ip)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.parametrize(("lab", "launcher", "runtime"), [
+    ("ddp", "torchrun", set()),
+    ("horovod", "horovodrun", set()),
+    # Open MPI 5's runtime daemon listens on every interface and refuses loopback only (PRRTE
+    # reports no usable interface); the ranks themselves listen nowhere else.
+    ("ddp", "mpirun", {"prterun", "prte"}),
+])
+def test_a_one_host_run_listens_on_loopback_only(results, lab, launcher, runtime):
+    process = subprocess.Popen([DISTLAB, "run", lab, "-n", "2", "--launcher", launcher, "--threads", "1",
+                                "--results", str(results), "--timeout", "120", "--",
+                                *SMOKE, "--fault", "hang:rank=1:step=2", "--timeout", "600"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: dict[str, set[str]] = {}
+    try:
+        # Sample until rank 1 hangs: by then every store, rendezvous and peer connection is up.
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            for name, addresses in _listening(str(results)).items():
+                seen.setdefault(name, set()).update(addresses)
+            logs = [*results.rglob("std*"), *results.rglob("launcher.log")]  # per-rank files, or tagged lines
+            if any("fault: hang" in log.read_text(errors="replace") for log in logs):
+                break
+            time.sleep(0.3)
+        else:
+            pytest.fail("the run never reached its hang")
+        for name, addresses in _listening(str(results)).items():
+            seen.setdefault(name, set()).update(addresses)
+    finally:
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=60)[0]
+    assert seen, output  # the ranks' collectives listen somewhere: finding nothing means a broken probe
+    open_to_network = {name: sorted(addresses) for name, addresses in seen.items() if name not in runtime
+                       for address in addresses if not ipaddress.ip_address(address).is_loopback}
+    assert open_to_network == {}, output
+    run = json.loads(next(results.rglob("run.json")).read_text())
+    assert run_processes(run["run_id"]) == []
+
+
+def test_ctrl_c_during_a_grade_keeps_the_finished_runs_and_reports_them(results):
+    # check at world sizes 1 and 2, two repeats: Ctrl-C once the first run has finished.
+    process = subprocess.Popen([DISTLAB, "grade", "--profile", "cpu-smoke", "--labs", "check", "--repeats", "2",
+                                "--results", str(results)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    deadline = time.monotonic() + 120
+    while not list(results.glob("check/*/run.json")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    output = process.communicate(timeout=120)[0]
+    assert process.returncode == 130, output
+    assert "interrupted; finished runs are kept" in output
+    finished = [json.loads(path.read_text()) for path in results.glob("check/*/run.json")]
+    assert any(run["status"] == "ok" for run in finished), output
+    summary = json.loads(next(results.glob("grade/*/summary.json")).read_text())
+    assert summary["interrupted"] is True
+    verdicts = json.loads(next(results.glob("grade/*/verdicts.json")).read_text())
+    assert {"lab": "grade", "check": "completed", "passed": False}.items() <= verdicts[-1].items()
+    assert all(run_processes(run["run_id"]) == [] for run in finished)

@@ -151,7 +151,7 @@ def run_in_process(lab: str, argv: list[str], capsys) -> tuple[int, str]:
     ("baseline", ["--smoke", "--batch-size", "30", "--accumulate", "4"], "not divisible by --accumulate 4"),
     ("baseline", ["--smoke", "--train-size", "16"], "cannot fill one global batch of 32"),
     ("ddp", ["--smoke", "--sync-bn", "--device", "cpu"], "SyncBatchNorm refuses CPU modules"),
-    ("ddp", ["--smoke", "--fault", "crash:rank=0"], "expected crash:rank=R:step=S"),
+    ("ddp", ["--smoke", "--fault", "crash:rank=0"], "expected KIND:rank=R:step=S with KIND one of crash, hang, skip"),
 ])
 def test_bad_input_stops_with_one_line(capsys, tmp_path, lab, argv, expected):
     code, stderr = run_in_process(lab, [arg.format(tmp=tmp_path) for arg in argv], capsys)

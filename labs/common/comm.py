@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from labs.common.contract import Topology, init_torch_distributed
+from labs.common.contract import Topology, horovod_stall_timeouts, init_torch_distributed
 
 TORCH_BACKENDS = ("gloo", "nccl")
 ALL_BACKENDS = ("gloo", "nccl", "mpi", "horovod")
@@ -37,7 +37,7 @@ def connect(backend: str, topology: Topology, timeout_s: float) -> Comm:
     if backend == "mpi":
         return _mpi_comm()
     if backend == "horovod":
-        return _horovod_comm()
+        return _horovod_comm(timeout_s)
     raise SystemExit(f"error: unknown backend {backend!r}; choose one of {', '.join(ALL_BACKENDS)}")
 
 
@@ -76,11 +76,12 @@ def _mpi_comm() -> Comm:
                 world.Barrier, world.allgather, lambda: None)
 
 
-def _horovod_comm() -> Comm:
+def _horovod_comm(timeout_s: float) -> Comm:
     try:
         import horovod.torch as hvd
     except ImportError:
         raise SystemExit("error: backend horovod needs Horovod; run `make setup` (it builds it)") from None
+    horovod_stall_timeouts(timeout_s)
     hvd.init()
     device = torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import ipaddress
 import json
 import os
 import platform
@@ -114,10 +115,54 @@ def init_torch_distributed(backend: str, topology: Topology, timeout_s: float) -
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    timeout = dt.timedelta(seconds=timeout_s)
+    store = _loopback_store(topology, timeout)
     # device_id binds NCCL communicators to this rank's GPU eagerly; Gloo takes none.
-    dist.init_process_group(backend, timeout=dt.timedelta(seconds=timeout_s),
-                            device_id=device if backend == "nccl" else None)
+    dist.init_process_group(backend, timeout=timeout, device_id=device if backend == "nccl" else None,
+                            **({"store": store, "rank": topology.rank, "world_size": topology.world_size}
+                               if store else {}))
     return device
+
+
+def horovod_stall_timeouts(timeout_s: float) -> None:
+    """Horovod's twin of the collective timeout, set before hvd.init() reads it.
+
+    A rank that stops submitting tensors stalls the others. Horovod's stall inspector then names
+    the missing ranks and tensors (after half of --timeout) and shuts the job down (at --timeout),
+    so the run ends with that report instead of hanging until the harness's watchdog. A value the
+    user exported wins.
+    """
+    os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(timeout_s / 2))))
+    os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(max(1, int(timeout_s))))
+
+
+def _loopback_store(topology: Topology, timeout: dt.timedelta) -> Any:
+    """On one node, the process group's key-value store, listening on loopback only; else None.
+
+    With None, init_process_group makes its own store from MASTER_ADDR/MASTER_PORT (env://),
+    and rank 0's TCPStore then listens on every interface of the host, open to anyone on the
+    network while the run lasts. When MASTER_ADDR is a loopback address no other host needs it,
+    so rank 0 serves the store from a socket bound there. Under torchrun's shared agent store
+    (TORCHELASTIC_USE_AGENT_STORE) the agent serves it and every rank is a client: None.
+    """
+    import torch.distributed as dist
+
+    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or not _is_loopback(address):
+        return None
+    listen_fd = None
+    if topology.rank == 0:
+        # detach(): the store owns the descriptor from here, so Python never closes it.
+        listen_fd = socket.create_server((address, port), backlog=max(128, topology.world_size)).detach()
+    return dist.TCPStore(address, port, topology.world_size, is_master=topology.rank == 0, timeout=timeout,
+                         master_listen_fd=listen_fd)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        return False  # unresolvable here: let torch report it, naming the address
 
 
 def _free_port() -> int:

@@ -700,8 +700,20 @@ def check_replicas(record: Any, reports: list[dict[str, Any]], train_images: int
 # ---------------------------------------------------------------------------------------------- faults
 
 
+FAULT_KINDS = {
+    "crash": "rank R exits at once (code 3) after step S",
+    "hang": "rank R sleeps forever after step S",
+    "skip": "rank R leaves step S's gradient all-reduce out; its peers wait in it",
+}
+
+
+def add_fault_arg(group: argparse._ArgumentGroup) -> None:
+    kinds = "; ".join(f"{kind}:rank=R:step=S: {what}" for kind, what in FAULT_KINDS.items())
+    group.add_argument("--fault", type=parse_fault, help=f"inject a failure (labs/README.md, fault tolerance): {kinds}")
+
+
 class Fault(str):
-    """A --fault spec: crash (exit 3 at once) or hang (sleep forever) on one rank at one global step.
+    """A --fault spec: one of FAULT_KINDS, on one rank at one global optimizer step.
 
     A str, so the record's config shows the spec as given; kind, rank and step are its parsed parts.
     """
@@ -709,24 +721,37 @@ class Fault(str):
     kind: str
     rank: int
     step: int
+    fired: bool = False
+
+
+def _fires(fault: Fault | None, kinds: tuple[str, ...], rank: int, step: int) -> bool:
+    # An injected fault happens once: a rank restarted by torchrun --max-restarts runs clean.
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return False
+    if fault is None or fault.fired or fault.kind not in kinds or rank != fault.rank or step != fault.step:
+        return False
+    fault.fired = True
+    print(f"fault: {fault.kind} on rank {rank} at step {step}", flush=True)
+    return True
 
 
 def fault_point(fault: Fault | None, rank: int, step: int) -> None:
-    """Called after every optimizer step: fires --fault when its rank reaches its step."""
-    # An injected fault happens once: a rank restarted by torchrun --max-restarts runs clean.
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+    """Called after every optimizer step: a crash or hang fault fires when its rank reaches its step."""
+    if not _fires(fault, ("crash", "hang"), rank, step):
         return
-    if fault is None or rank != fault.rank or step != fault.step:
-        return
-    print(f"fault: {fault.kind} on rank {rank} at step {step}", flush=True)
     if fault.kind == "crash":
         os._exit(3)  # no cleanup, no exception handlers: as abrupt as a killed process
     while True:
         time.sleep(3600)
 
 
+def skips_collective(fault: Fault | None, rank: int, step: int) -> bool:
+    """Called before every optimizer step: whether this rank leaves the step's all-reduce out."""
+    return _fires(fault, ("skip",), rank, step)
+
+
 def parse_fault(spec: str) -> Fault:
-    """argparse type for --fault: crash:rank=R:step=S or hang:rank=R:step=S."""
+    """argparse type for --fault: KIND:rank=R:step=S, KIND one of FAULT_KINDS."""
     fault = Fault(spec)
     fault.kind, *fields = spec.split(":")
     try:
@@ -734,7 +759,7 @@ def parse_fault(spec: str) -> Fault:
         fault.rank, fault.step = int(values.pop("rank")), int(values.pop("step"))
     except (ValueError, KeyError):
         values, fault.rank, fault.step = {}, -1, 0
-    if fault.kind not in ("crash", "hang") or values or fault.rank < 0 or fault.step < 1:
-        raise argparse.ArgumentTypeError(f"{spec!r}: expected crash:rank=R:step=S or hang:rank=R:step=S "
-                                         "(R >= 0, S >= 1: the global optimizer step)")
+    if fault.kind not in FAULT_KINDS or values or fault.rank < 0 or fault.step < 1:
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected KIND:rank=R:step=S with KIND one of "
+                                         f"{', '.join(FAULT_KINDS)} (R >= 0, S >= 1: the global optimizer step)")
     return fault

@@ -36,8 +36,7 @@ def parse_args(argv=None):
                           "smaller starts communication sooner, larger makes fewer, more efficient calls")
     ddp.add_argument("--sync-bn", action="store_true",
                      help="BatchNorm statistics over the global batch, not each rank's (GPU only)")
-    ddp.add_argument("--fault", type=training.parse_fault,
-                     help="inject a failure: crash:rank=R:step=S (exit 3) or hang:rank=R:step=S")
+    training.add_fault_arg(ddp)
     args = parser.parse_args(argv)
     training.resolve_training_args(parser, args)
     return args
@@ -53,11 +52,13 @@ def train_one_epoch(model, loader, optimizer, schedule, precision, clock, args, 
         order += indices.tolist()
         images, labels = training.to_device(images, labels, device, args.channels_last)
         micro_batches = zip(images.chunk(args.accumulate), labels.chunk(args.accumulate), strict=True)
+        # --fault skip: this rank leaves the step's all-reduce out, as a bug in a rank's control flow would.
+        skip = training.skips_collective(args.fault, rank, schedule.last_epoch + 1)
         for i, (micro_images, micro_labels) in enumerate(micro_batches):
             # DDP all-reduces gradients during every backward. When accumulating, only the last
             # micro-batch needs it: no_sync lets the others just add to the local gradients, so K
             # micro-batches cost one all-reduce, not K. Forward and backward both belong inside.
-            with nullcontext() if i == args.accumulate - 1 else model.no_sync():
+            with nullcontext() if i == args.accumulate - 1 and not skip else model.no_sync():
                 with precision.autocast():
                     loss = F.cross_entropy(model(micro_images), micro_labels) / args.accumulate
                 precision.scaler.scale(loss).backward()

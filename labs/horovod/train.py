@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.utils.data.distributed import DistributedSampler
 
 from labs.common import training
-from labs.common.contract import add_contract_args, detect_topology, lab_run, say
+from labs.common.contract import add_contract_args, detect_topology, horovod_stall_timeouts, lab_run, say
 
 
 def parse_args(argv=None):
@@ -29,8 +29,7 @@ def parse_args(argv=None):
     horovod = parser.add_argument_group("Horovod")
     horovod.add_argument("--fp16-allreduce", action="store_true",
                          help="send gradients as fp16: half the bytes on the wire, slightly less precise")
-    horovod.add_argument("--fault", type=training.parse_fault,
-                         help="inject a failure: crash:rank=R:step=S (exit 3) or hang:rank=R:step=S")
+    training.add_fault_arg(horovod)
     args = parser.parse_args(argv)
     training.resolve_training_args(parser, args)
     return args
@@ -43,6 +42,10 @@ def train_one_epoch(model, loader, optimizer, schedule, precision, clock, args, 
     loss_sum = torch.zeros((), device=device)  # summed on the device: no GPU sync at every step
     order = []  # this rank's samples, in order: the end-of-run checks compare them across ranks
     for images, labels, indices in loader:
+        # --fault skip: Horovod starts the all-reduces from backward's hooks, so leaving them out,
+        # as a bug in a rank's control flow would, means leaving this rank's whole step out.
+        if training.skips_collective(args.fault, rank, schedule.last_epoch + 1):
+            continue
         order += indices.tolist()
         images, labels = training.to_device(images, labels, device, args.channels_last)
         micro_batches = zip(images.chunk(args.accumulate), labels.chunk(args.accumulate), strict=True)
@@ -78,7 +81,9 @@ def main(argv=None):
     topology = detect_topology()
 
     with lab_run("horovod", args, topology) as record:
-        # Join the other processes: through horovodrun's Gloo rendezvous, or MPI under mpirun.
+        # Join the other processes: through horovodrun's Gloo rendezvous, or MPI under mpirun. A rank
+        # that stops taking part is reported, and the job shut down, after --timeout.
+        horovod_stall_timeouts(args.timeout)
         hvd.init()
         # One process per device: local rank i drives GPU i on its node.
         device = training.pick_device(args, hvd.local_rank())
