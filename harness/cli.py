@@ -287,18 +287,17 @@ def _grade_plan(args: argparse.Namespace, default_labs: str = "") -> GradePlan:
     return plan
 
 
-def _execute_with_progress(plan: GradePlan, done: dict | None = None) -> tuple[dict, float]:
+def _execute_with_progress(plan: GradePlan, done: dict) -> None:
+    """Run the plan into `done`, which keeps every finished run even if Ctrl-C stops the rest."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     from harness.grade import execute
 
-    started = time.monotonic()
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
                   transient=True) as progress:
         task = progress.add_task("starting", total=None)
-        done = execute(plan, build_request, run_lab,
-                       progress=lambda text: progress.update(task, description=text), done=done)
-    return done, time.monotonic() - started
+        execute(plan, build_request, run_lab, progress=lambda text: progress.update(task, description=text),
+                done=done)
 
 
 def cmd_grade(args: argparse.Namespace, lab_args: list[str]) -> int:
@@ -311,12 +310,12 @@ def cmd_grade(args: argparse.Namespace, lab_args: list[str]) -> int:
                   f"{' (PROVISIONAL: numbers not measured on this hardware)' if plan.profile.provisional else ''}; "
                   f"{len(plan.cells())} cell(s) x {plan.repeats} repeat(s)")
     done: dict = {}
-    started = time.monotonic()
+    started, interrupted = time.monotonic(), False
     try:
-        _, wall = _execute_with_progress(plan, done)
-        interrupted = False
+        _execute_with_progress(plan, done)
     except KeyboardInterrupt:  # Ctrl-C: the run in flight is stopped; report what finished
-        wall, interrupted = time.monotonic() - started, True
+        interrupted = True
+    wall = time.monotonic() - started
     verdicts = evaluate(plan, done)
     if interrupted:
         finished = sum(len(samples) for samples in done.values())
@@ -355,7 +354,8 @@ def cmd_calibrate(args: argparse.Namespace, lab_args: list[str]) -> int:
         raise UsageError(f"profile name {args.profile!r} may hold only letters, digits, - and _")
     args.profile, new_name = args.template, args.profile
     plan = _grade_plan(args)
-    done, _ = _execute_with_progress(plan)
+    done: dict = {}
+    _execute_with_progress(plan, done)  # Ctrl-C here writes no profile
     failed = [s for samples in done.values() for s in samples if s.status != "ok"]
     if failed:
         where = escape(f"{failed[0].run_dir}: {failed[0].reason}")

@@ -130,7 +130,8 @@ def horovod_stall_timeouts(timeout_s: float) -> None:
     A rank that stops submitting tensors stalls the others. Horovod's stall inspector then names
     the missing ranks and tensors (after half of --timeout) and shuts the job down (at --timeout),
     so the run ends with that report instead of hanging until the harness's watchdog. A value the
-    user exported wins.
+    user exported wins. Measured here: it works under the MPI controller (mpirun); under
+    horovodrun --gloo, Horovod 0.28.1 never runs the check, and the watchdog ends the hang.
     """
     os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(timeout_s / 2))))
     os.environ.setdefault("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str(max(1, int(timeout_s))))
