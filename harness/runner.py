@@ -42,7 +42,8 @@ LOG_TAIL_LINES = 20
 # A rank stuck outside the collectives (a hang, a skipped all-reduce) leaves its peers waiting in
 # one; each backend's own timeout then ends them with one of these, naming no culprit.
 COLLECTIVE_TIMEOUT = re.compile("|".join([
-    r"Timed out waiting \d+ms for \w+ operation",  # Gloo
+    r"Timed out waiting \d+ms for \w+ operation",  # Gloo, waiting for one send or recv
+    r"Application timeout caused pair closure",  # Gloo, the same timeout seen by a connection
     r"Watchdog caught collective operation timeout",  # NCCL
     r"wait timeout after \d+ms",  # TCPStore, waiting for a peer at a barrier
 ]))

@@ -113,3 +113,32 @@ def test_mpirun_tagged_output_is_split_per_rank(tmp_path):
     assert sorted(logs) == [0, 1]
     assert logs[1][0].read_text() == "oops on 1\nbye\n"
     assert logs[0][0].read_text() == "hello from 0\n"
+
+
+@pytest.mark.parametrize(("logs", "expected"), [
+    # Gloo reports the same timeout two ways, depending on where the waiting rank stood.
+    ({0: "RuntimeError: [pair.cc:545] Timed out waiting 8000ms for recv operation to complete", 1: "fault: hang"},
+     "a collective timed out on rank 0; rank 1 never reported it"),
+    ({0: "RuntimeError: Application timeout caused pair closure", 1: "fault: hang"},
+     "a collective timed out on rank 0; rank 1 never reported it"),
+    ({0: "Watchdog caught collective operation timeout", 1: "Timed out waiting 8000ms for send operation"},
+     "a collective timed out on every rank, each waiting in a different one"),
+    ({0: "RuntimeError: Connection reset by peer", 1: "exit 3"}, None),
+])
+def test_a_backend_collective_timeout_is_read_as_a_hang(tmp_path, logs, expected):
+    from harness.runner import _collective_timeout
+
+    rank_logs = {}
+    for rank, text in logs.items():
+        rank_logs[rank] = tmp_path / f"rank.{rank}.log"
+        rank_logs[rank].write_text(text + "\n")
+    reason = _collective_timeout(rank_logs, "")
+    assert (reason is None) if expected is None else (expected in reason)
+
+
+def test_horovods_stall_shutdown_is_read_as_a_hang(tmp_path):
+    from harness.runner import _collective_timeout
+
+    output = "Missing ranks:\n0!: [allreduce.noname.309]\nOne or more rank (marked by \"!\") is stalled for " \
+             "longer than 10 seconds. Will shutdown."
+    assert "Horovod's stall inspector shut the job down" in _collective_timeout({}, output)

