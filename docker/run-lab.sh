@@ -4,6 +4,7 @@
 #
 #     docker/run-lab.sh lab NAME     distlab run NAME --world-size N [--backend B] -- $LAB_ARGS
 #     docker/run-lab.sh grade        distlab grade [--profile P] [--world-sizes W] $GRADE_ARGS
+#     docker/run-lab.sh acceptance   distlab acceptance: every lab on the GPUS, calibrate, grade
 #
 # Settings (environment; the Makefile passes its variables of the same names):
 #   GPUS=N         GPUs to use, one rank each; at most what `nvidia-smi -L` lists (or the GPUs named
@@ -46,11 +47,11 @@ visible=${#devices[@]}
 
 case $what in
     lab) gpus=${GPUS:-0} ;;
-    grade)
+    grade | acceptance)
         gpus=${GPUS:-$visible}
-        [ "$gpus" != 0 ] || die "no GPU to grade on (nvidia-smi -L lists none); make grade grades the CPU"
+        [ "$gpus" != 0 ] || die "no GPU to $what on (nvidia-smi -L lists none); make grade grades the CPU"
         ;;
-    *) die "say what to run: docker/run-lab.sh lab NAME, or docker/run-lab.sh grade" ;;
+    *) die "say what to run: docker/run-lab.sh lab NAME, docker/run-lab.sh grade or docker/run-lab.sh acceptance" ;;
 esac
 is_count "$gpus" || die "GPUS=$gpus is not a whole number; use e.g. GPUS=2"
 if [ "$gpus" -gt "$visible" ]; then
@@ -82,6 +83,7 @@ case $what in
         [ -z "${WORLD_SIZES:-}" ] || args+=(--world-sizes "$WORLD_SIZES")
         args+=(${grade_args[@]+"${grade_args[@]}"})
         ;;
+    acceptance) args=(acceptance) ;;  # on the GPUS handed to the container (CUDA_VISIBLE_DEVICES/--gpus)
 esac
 # The first GPUS of the visible GPUs; none when GPUS=0, so that CPU ranks do not pick up a GPU.
 use=$(IFS=,; echo "${devices[*]+${devices[*]:0:$gpus}}")
@@ -112,7 +114,9 @@ if [ "$engine" = podman ] && ! dry_run && ! podman run --rm "${limits[@]}" "$ima
     echo "run-lab.sh: note: podman cannot set --ulimit here (rootless or no CAP_SYS_RESOURCE); running without" >&2
     limits=()
 fi
-cmd=("$engine" run --rm --ipc=host ${limits[@]+"${limits[@]}"})
+# SYS_PTRACE: on a hang, distlab runs py-spy on the ranks to show where each one waits; reading
+# another process's stack needs it inside a container.
+cmd=("$engine" run --rm --ipc=host --cap-add SYS_PTRACE ${limits[@]+"${limits[@]}"})
 if [ "$gpus" -gt 0 ]; then
     if [ "$engine" = docker ]; then
         # The quotes are part of the value: docker splits --gpus at commas otherwise.

@@ -51,7 +51,16 @@ CASES = [
      "tests/test_collectives.py"),
     ("empty size range", "python labs/allreduce_bench/allreduce_bench.py -b 1M -e 1K", "tests/test_allreduce_bench.py"),
     ("zero iterations", "python labs/allreduce_bench/allreduce_bench.py -n 0", "tests/test_allreduce_bench.py"),
-    ("SyncBatchNorm on CPU", "python labs/ddp/train.py --smoke --sync-bn", "tests/test_training_labs.py"),
+    ("unknown sharding strategy", "python labs/fsdp/train.py --smoke --strategy zero3", "tests/test_parallelism.py"),
+    ("tensor parallel: hidden size not divisible by the ranks",
+     "distlab run tensor_parallel -n 2 -- --smoke --hidden 255", "tests/test_parallelism.py"),
+    ("pipeline: layers not divisible by the stages", "distlab run pipeline -n 2 -- --smoke --layers 3",
+     "tests/test_parallelism.py"),
+    ("pipeline: fewer micro-batches than stages", "distlab run pipeline -n 2 -- --smoke --micro-batches 1",
+     "tests/test_parallelism.py"),
+    ("plan with a negative model size", "distlab plan --params=-7e9 --gpus 8 --gpu-memory 80GB", "tests/test_plan.py"),
+    ("plan with an unknown optimizer", "distlab plan --params 7e9 --gpus 8 --gpu-memory 80GB --optimizer lion",
+     "tests/test_plan.py"),
     ("CIFAR-10 missing offline", "python labs/baseline/train.py --dataset cifar10 --data-dir {empty_dir}",
      "tests/test_training_labs.py"),
     ("batch not divisible by accumulation", "python labs/baseline/train.py --smoke --batch-size 30 --accumulate 4",
@@ -59,6 +68,56 @@ CASES = [
     ("corrupt checkpoint", "python labs/baseline/train.py --smoke --resume --checkpoint {corrupt_ckpt}",
      "tests/test_training_labs.py"),
     ("GPUS larger than the GPUs visible", "make -s lab-ddp GPUS=4", "tests/test_containers.py"),
+    ("a lab argument that would move the record", "distlab run check -n 1 -- --record /etc/elsewhere.json",
+     "tests/test_adversarial.py"),
+    ("the same, abbreviated", "distlab run check -n 1 -- --rec=/etc/elsewhere.json", "tests/test_adversarial.py"),
+    ("a lab argument that would change the backend", "distlab run check -n 2 -- --backend nccl",
+     "tests/test_adversarial.py"),
+    ("a timeout that is not a number", "distlab run check -n 1 --timeout nan", "tests/test_adversarial.py"),
+    ("a results folder that cannot be made", "distlab run check -n 1 --results {a_file}/results",
+     "tests/test_adversarial.py"),
+    ("a profile whose name is a path", "distlab grade --profile {path_profile}", "tests/test_adversarial.py"),
+    ("a profile that is not UTF-8", "distlab grade --profile {latin1_profile}", "tests/test_adversarial.py"),
+    ("a profile that is a directory", "distlab grade --profile {dir_profile}", "tests/test_adversarial.py"),
+    ("a profile that lists a world size twice", "distlab grade --profile {repeat_profile}",
+     "tests/test_adversarial.py"),
+    ("a profile whose time budget is nan", "distlab grade --profile {nan_profile}", "tests/test_adversarial.py"),
+    ("a hostfile that is not UTF-8", "distlab run check -n 2 --backend mpi --hostfile {latin1_hosts}",
+     "tests/test_adversarial.py"),
+    ("a host that is an option", "distlab run check -n 2 --backend mpi --hosts=-oProxyCommand=x:2",
+     "tests/test_adversarial.py"),
+    ("a job template option with shell in it", "distlab template slurm-torchrun --ifname eth0;reboot",
+     "tests/test_adversarial.py"),
+]
+
+# Not inputs but things done to a run, or by the program it runs: each is a case of
+# tests/test_adversarial.py (this script does not run them). However a run ends, no process of it
+# is left, run.json says why, and no earlier run is touched.
+RUN_CASES = [
+    ("SIGTERM or SIGHUP to `distlab run` (timeout, Slurm, Kubernetes, CI)",
+     "passed on to the launcher and its ranks; SIGKILL after 5 s", "128 + signal (143, 129)",
+     "stopped by SIGTERM"),
+    ("Ctrl-C (SIGINT)", "the same", "130", "interrupted (Ctrl-C)"),
+    ("a rank that ignores SIGTERM", "SIGKILL after the grace period", "as its signal", "stopped by SIGTERM"),
+    ("a rank that daemonizes a child with an empty environment and a session of its own",
+     "the child is found (orphans come back to the harness) and stopped, also after a success", "as the run",
+     "as the run"),
+    ("output that is not UTF-8, terminal escape sequences, a line without end, a flood",
+     "logs keep the bytes as received; the terminal shows them decoded, escapes as text", "as the run", "-"),
+    ("record.json that is a FIFO, a directory, a symbolic link, over 8 MiB, not UTF-8",
+     "never read (regular files only, opened without blocking); set aside as record.corrupt.json", "1",
+     "... is a FIFO, not a regular file"),
+    ("record.json nested over 64 levels, with NaN, Infinity or a number beyond 2**63",
+     "refused; set aside as record.corrupt.json", "1", "... is out of range"),
+    ("a FIFO, link or directory planted as launcher.log, rank.N.log, a rank's log or run.json",
+     "not read, not followed (written by rename), a directory set aside as *.corrupt.*", "as the run", "-"),
+    ("output that fills the results folder", "the pipe is still drained; space kept at the start takes "
+     "record.json and run.json", "1", "the results folder could not keep the run's output: ... No space left"),
+    ("a results folder already full", "nothing starts", "2", "results folder ... is full"),
+    ("an error of the harness itself", "the run is stopped; the traceback goes to harness-error.txt", "1",
+     "harness error: ..."),
+    ("two runs at once in one results folder", "each claims its own directory; one's cleanup never touches the "
+     "other's processes", "as each run", "-"),
 ]
 
 
@@ -70,8 +129,21 @@ def main() -> None:
                                            '[match]\ngpus = 0\n[labs.ddp]\nworld_sizes = []\n')
         (tmp_path / "empty").mkdir()
         (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint")
+        profile = ('name = "{name}"\n[measured]\nwhere = "x"\nhow = "x"\ndate = "x"\n[match]\ngpus = 0\n'
+                   '[labs.check]\nworld_sizes = {sizes}\ntime_budget_s = {budget}\n')
+        (tmp_path / "path.toml").write_text(profile.format(name="../../../tmp/x", sizes="[1, 2]", budget="60"))
+        (tmp_path / "latin1.toml").write_bytes(profile.format(name="m\xfcller", sizes="[1]", budget="60")
+                                               .encode("latin-1"))
+        (tmp_path / "dir.toml").mkdir()
+        (tmp_path / "repeat.toml").write_text(profile.format(name="repeat", sizes="[1, 2, 2]", budget="60"))
+        (tmp_path / "nan.toml").write_text(profile.format(name="nan", sizes="[1, 2]", budget="nan"))
+        (tmp_path / "hosts").write_bytes("n\xf6de0 slots=2\n".encode("latin-1"))
+        (tmp_path / "a_file").write_text("not a folder\n")
         values = {"bad_profile": tmp_path / "bad.toml", "empty_dir": tmp_path / "empty",
-                  "corrupt_ckpt": tmp_path / "corrupt.pt"}
+                  "corrupt_ckpt": tmp_path / "corrupt.pt", "path_profile": tmp_path / "path.toml",
+                  "latin1_profile": tmp_path / "latin1.toml", "dir_profile": tmp_path / "dir.toml",
+                  "repeat_profile": tmp_path / "repeat.toml", "nan_profile": tmp_path / "nan.toml",
+                  "latin1_hosts": tmp_path / "hosts", "a_file": tmp_path / "a_file"}
         for what, command, test in CASES:
             argv = shlex.split(command.format(**values))
             if argv[0] == "distlab":
@@ -92,7 +164,13 @@ def main() -> None:
     text = ["# Bad input, tried", "",
             "Every row was run by `docs/bad_inputs.py` (which wrote this page) and is covered by the test named.",
             "Nothing is started and no earlier result is touched by any of them.", "",
-            "| input | command | exit | message | test |", "|---|---|---|---|---|", *rows, ""]
+            "| input | command | exit | message | test |", "|---|---|---|---|---|", *rows, "",
+            "## Done to a run, or by the program it runs", "",
+            "Each is a case of `tests/test_adversarial.py` (not run by this script). However a run ends, no "
+            "process of it is left (found by the launcher's session and process tree, orphans re-parented to the "
+            "harness, and DISTLAB_RUN_ID), run.json says why, and no earlier run is touched.", "",
+            "| what | what the harness does | exit | reason in run.json |", "|---|---|---|---|",
+            *(f"| {what} | {does} | {code} | {reason} |" for what, does, code, reason in RUN_CASES), ""]
     (REPO / "docs" / "bad-inputs.md").write_text("\n".join(text))
     print("\n".join(rows))
 

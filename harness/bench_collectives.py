@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -32,8 +31,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.labs import LABS
-from harness.launchers import LAUNCHERS, LaunchSpec, find_tool
+from harness.catalog import LABS
+from harness.launchers import find_tool
+from harness.runner import RunRequest, run_lab
+from labs.common.host import gpu_count
+from labs.common.sizes import parse_size
 
 PLAIN_LOOP = Path(__file__).with_name("plain_allreduce.py")
 TARGET = 0.95
@@ -56,16 +58,9 @@ def _mpi_missing(world_size: int) -> str | None:
     return "mpi4py is not installed" if probe.returncode else None
 
 
-def _gpus() -> int:
-    if not shutil.which("nvidia-smi"):
-        return 0
-    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines()) if listed.returncode == 0 else 0
-
-
 def _nccl_missing(world_size: int) -> str | None:
-    if _gpus() < world_size:
-        return f"needs {world_size} GPUs, {_gpus()} visible"
+    if gpu_count() < world_size:
+        return f"needs {world_size} GPUs, {gpu_count()} visible"
     if not shutil.which("all_reduce_perf"):
         return "nccl-tests' all_reduce_perf is not on PATH (NGC PyTorch images ship it in recent tags)"
     return None
@@ -76,14 +71,6 @@ LIBRARIES = {lib.name: lib for lib in [
     Library("gloo", "torchrun", "in-place", "dist.all_reduce loop", lambda n: None),
     Library("nccl", "torchrun", "in-place", "nccl-tests all_reduce_perf", _nccl_missing),
 ]}
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    match = re.fullmatch(r"(\d+)([KMG]?)", text.strip().upper())
-    if not match:
-        raise argparse.ArgumentTypeError(f"size {text!r} is not a number of bytes like 1048576, 1M or 1G")
-    return int(match[1]) * UNITS[match[2]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,42 +142,35 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if measured and all(row["ratio"] >= args.target for row in measured) else 1
 
 
-def _launch(launcher: str, program: Path, lab_args: list[str], world_size: int, folder: Path) -> str | None:
-    """Start world_size ranks with the real launcher; None when they all succeed, else the output's tail."""
-    folder.mkdir(parents=True, exist_ok=True)
-    spec = LaunchSpec(program=program, lab_args=lab_args, world_size=world_size, log_dir=folder / "logs")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **LAUNCHERS[launcher].env}
-    done = subprocess.run(LAUNCHERS[launcher].command(spec), capture_output=True, text=True, env=env,
-                          stdin=subprocess.DEVNULL, timeout=1800)
-    (folder / "launcher.log").write_text(done.stdout + done.stderr)
-    if done.returncode:
-        return f"exit {done.returncode}: " + " | ".join((done.stdout + done.stderr).strip().splitlines()[-5:])
-    return None
+def _launch(library: Library, lab: str, program: Path, lab_args: list[str], world_size: int,
+            folder: Path) -> dict | str:
+    """One run through the runner, as `distlab run` starts labs; the record's metrics, or why it failed."""
+    request = RunRequest(lab=lab, program=program, world_size=world_size, launcher=library.launcher,
+                         backend=library.name, lab_args=lab_args, threads=1, timeout_s=1800.0, results_root=folder)
+    result = run_lab(request, echo=False)
+    if not result.ok:
+        return f"{result.reason} (see {result.run_dir})"
+    return result.record["metrics"]
 
 
 def run_bench(library: Library, sizes: list[int], args: argparse.Namespace, folder: Path) -> dict[int, float] | str:
-    record = folder / "record.json"
-    lab_args = ["--backend", library.name, "-b", str(sizes[0]), "-e", str(sizes[-1]), "-f", "2", "-d", "float32",
-                "-w", str(args.warmup_iters), "-n", str(args.iters), "--mode", library.mode, "--record", str(record)]
-    error = _launch(library.launcher, LABS["allreduce_bench"].path, lab_args, args.world_size, folder)
-    if error:
-        return error
-    rows = json.loads(record.read_text())["metrics"]["rows"]
-    return {row["size"]: row[library.mode]["busbw_gbps"] for row in rows}
+    lab_args = ["-b", str(sizes[0]), "-e", str(sizes[-1]), "-f", "2", "-d", "float32",
+                "-w", str(args.warmup_iters), "-n", str(args.iters), "--mode", library.mode]
+    metrics = _launch(library, "allreduce_bench", LABS["allreduce_bench"].path, lab_args, args.world_size, folder)
+    if isinstance(metrics, str):
+        return metrics
+    return {row["size"]: row[library.mode]["busbw_gbps"] for row in metrics["rows"]}
 
 
 def run_reference(library: Library, sizes: list[int], args: argparse.Namespace,
                   folder: Path) -> dict[int, float] | str:
     if library.name == "nccl":
         return run_nccl_tests(sizes, args, folder)
-    out = folder / "plain.json"
-    lab_args = ["--lib", "mpi" if library.name == "mpi" else "torch", "--backend", "gloo",
-                "--sizes", ",".join(map(str, sizes)), "--warmup", str(args.warmup_iters), "--iters", str(args.iters),
-                "--out", str(out)]
-    error = _launch(library.launcher, PLAIN_LOOP, lab_args, args.world_size, folder)
-    if error:
-        return error
-    return {row["size"]: row["busbw_gbps"] for row in json.loads(out.read_text())["rows"]}
+    lab_args = ["--sizes", ",".join(map(str, sizes)), "--warmup", str(args.warmup_iters), "--iters", str(args.iters)]
+    metrics = _launch(library, "plain_allreduce", PLAIN_LOOP, lab_args, args.world_size, folder)
+    if isinstance(metrics, str):
+        return metrics
+    return {row["size"]: row["busbw_gbps"] for row in metrics["rows"]}
 
 
 def run_nccl_tests(sizes: list[int], args: argparse.Namespace, folder: Path) -> dict[int, float] | str:

@@ -5,11 +5,14 @@ In one run, on the same model, batch and threads:
     input efficiency   = baseline img/s / in-memory loop img/s          target >= 0.90
     DDP overhead       = DDP at world size 1 img/s / baseline img/s     target >= 0.95
     Horovod overhead   = Horovod at world size 1 img/s / baseline img/s target >= 0.95
+    observation cost   = DDP observed by the harness / DDP unobserved   target >= 0.97
 
-The in-memory loop is forward, backward and optimizer step on one batch that already sits on the
-device as float tensors: no data loading, augmentation or conversion, so it is what this hardware
-can do with this model. The labs are launched as programs (plain python, world size 1) and only
-their records are read (metrics.img_per_sec: training steps only, start-up and evaluation left out).
+The in-memory loop (harness/train_loop.py, the grade's reference for the training labs) is forward,
+backward and optimizer step on one batch that already sits on the device as float tensors: no
+data loading, augmentation or conversion, so it is what this hardware can do with this model.
+Every program is launched like any run (runner.run_lab: plain python, world size 1, a run
+directory each) and only its record is read (metrics.img_per_sec: training steps only, start-up
+and evaluation left out).
 Every measurement is a fresh process with the same OMP_NUM_THREADS; the kinds take turns over
 --repeats rounds, and each kind's best round counts: other work on the machine can only slow a
 round down, so the fastest is the closest to the undisturbed speed (timeit's rule). The median and
@@ -23,28 +26,32 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from harness.catalog import LABS
+from harness.references import REFERENCES
+from harness.runner import RunRequest, run_lab
+
 NOISY_SPREAD = 1.10  # max/min of one kind's rounds above which the machine was too busy to trust the ratios
 TIMING_WARMUP_STEPS = 3  # as the labs: labs/common/training.py leaves the first 3 steps out of img_per_sec
-# (measurement, program or None for the in-memory loop, lab-specific arguments)
+# (measurement, program, its backend: "{ddp_backend}" is nccl on GPUs, else gloo; whether the
+# harness's observer runs on its ranks, as it does in every graded run)
 KINDS = [
-    ("in-memory loop", None, []),
-    ("baseline", "labs/baseline/train.py", []),
-    ("ddp, world size 1", "labs/ddp/train.py", ["--backend", "{ddp_backend}"]),
-    ("horovod, world size 1", "labs/horovod/train.py", []),
+    ("in-memory loop", REFERENCES["train_loop"].program, "none", False),
+    ("baseline", LABS["baseline"].path, "none", False),
+    ("ddp, world size 1", LABS["ddp"].path, "{ddp_backend}", False),
+    ("ddp, world size 1, observed", LABS["ddp"].path, "{ddp_backend}", True),
+    ("horovod, world size 1", LABS["horovod"].path, "horovod", False),
 ]
 # (ratio, numerator, denominator, target)
 RATIOS = [
     ("input efficiency: baseline / in-memory loop", "baseline", "in-memory loop", 0.90),
     ("DDP overhead: ddp / baseline", "ddp, world size 1", "baseline", 0.95),
     ("Horovod overhead: horovod / baseline", "horovod, world size 1", "baseline", 0.95),
+    ("observation cost: ddp observed / ddp", "ddp, world size 1, observed", "ddp, world size 1", 0.97),
 ]
 
 
@@ -60,7 +67,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="OMP_NUM_THREADS of every process")
     parser.add_argument("--repeats", type=int, default=5, help="rounds; the best of each kind counts")
     parser.add_argument("--json", type=Path, help="also write the measurements and ratios here")
-    parser.add_argument("--in-memory-loop", action="store_true", help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args(argv)
     if args.steps <= TIMING_WARMUP_STEPS or args.repeats < 1 or args.batch_size < 1 or args.threads < 1:
         parser.error(f"--steps must exceed {TIMING_WARMUP_STEPS}; --repeats, --batch-size, --threads >= 1")
@@ -73,85 +79,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def in_memory_loop(args: argparse.Namespace) -> float:
-    """img/s of forward, backward and step on one resident batch, set up exactly as the labs set up theirs."""
-    import torch
-    import torch.nn.functional as F
-
-    from labs.common.training import build_model, make_optimizer, make_precision, pick_device
-
-    settings = argparse.Namespace(device=args.device, precision=args.precision, momentum=0.9, weight_decay=5e-4)
-    device = pick_device(settings)
-    channels_last = device.type == "cuda"
-    model = build_model(args.stem).to(device)
-    model = model.to(memory_format=torch.channels_last) if channels_last else model
-    optimizer = make_optimizer(model, 0.01, settings)
-    precision = make_precision(settings, device)
-    images = torch.randn(args.batch_size, 3, 32, 32, device=device)
-    images = images.contiguous(memory_format=torch.channels_last) if channels_last else images
-    labels = torch.randint(0, 10, (args.batch_size,), device=device)
-    model.train()
-    for step in range(args.steps):
-        if step == TIMING_WARMUP_STEPS:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            started = time.perf_counter()
-        with precision.autocast():
-            loss = F.cross_entropy(model(images), labels)
-        precision.scaler.scale(loss).backward()
-        precision.scaler.step(optimizer)
-        precision.scaler.update()
-        optimizer.zero_grad()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (args.steps - TIMING_WARMUP_STEPS) * args.batch_size / (time.perf_counter() - started)
-
-
-def measure(kind: str, program: str | None, extra: list[str], args: argparse.Namespace, workdir: Path,
-            env: dict[str, str]) -> float:
-    """One measurement in a fresh process; a failed run stops the benchmark (its number would be no number)."""
+def measure(kind: str, program: Path, backend: str, observe: bool, args: argparse.Namespace,
+            workdir: Path) -> float:
+    """One measurement in a fresh process, through the runner like any run; a failed run stops the
+    benchmark (its number would be no number)."""
     common = ["--device", args.device, "--stem", args.stem, "--precision", args.precision,
               "--batch-size", str(args.batch_size)]
-    if program is None:
-        command = [sys.executable, "-m", "harness.bench_train", "--in-memory-loop", *common,
-                   "--steps", str(args.steps)]
-    else:
-        record = workdir / f"{Path(program).parent.name}-{time.monotonic_ns()}.json"
-        lab_args = [arg.format(ddp_backend="nccl" if args.device == "cuda" else "gloo") for arg in extra]
-        command = [sys.executable, str(REPO / program), *common, *lab_args, "--dataset", "synthetic",
-                   "--train-size", str(args.batch_size * args.steps), "--test-size", str(args.batch_size),
-                   "--epochs", "1", "--record", str(record)]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-5:])
-        raise SystemExit(f"error: {kind} failed (exit {done.returncode}):\n{tail}")
-    if program is None:
-        return float(json.loads(done.stdout.strip().splitlines()[-1])["img_per_sec"])
-    result = json.loads(record.read_text())
-    if result["status"] != "ok" or not result["metrics"].get("img_per_sec"):
-        raise SystemExit(f"error: {kind} did not pass ({result['reason']}); see {record}")
-    return float(result["metrics"]["img_per_sec"])
+    if program == REFERENCES["train_loop"].program:
+        lab_args = [*common, "--steps", str(args.steps - TIMING_WARMUP_STEPS)]
+    else:  # one epoch of exactly --steps steps of synthetic data
+        lab_args = [*common, "--dataset", "synthetic", "--train-size", str(args.batch_size * args.steps),
+                    "--test-size", str(args.batch_size), "--epochs", "1"]
+    request = RunRequest(lab=program.parent.name if program.name == "train.py" else program.stem, program=program,
+                         world_size=1, launcher="python",
+                         backend=backend.format(ddp_backend="nccl" if args.device == "cuda" else "gloo"),
+                         lab_args=lab_args, threads=args.threads, timeout_s=1800.0, results_root=workdir,
+                         observe=observe)
+    result = run_lab(request, echo=False)
+    img_per_sec = (result.record or {}).get("metrics", {}).get("img_per_sec")
+    if not result.ok or not img_per_sec:
+        raise SystemExit(f"error: {kind} did not pass ({result.reason}); see {result.run_dir}")
+    return float(img_per_sec)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.in_memory_loop:
-        print(json.dumps({"img_per_sec": in_memory_loop(args)}))
-        return 0
 
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(REPO)}
     console.print(f"bench train: resnet18 {args.stem} stem, batch {args.batch_size}, {args.steps} steps "
                   f"({args.steps - TIMING_WARMUP_STEPS} timed), {args.device}, {args.threads} threads, "
                   f"{args.repeats} rounds")
-    samples: dict[str, list[float]] = {kind: [] for kind, _, _ in KINDS}
+    samples: dict[str, list[float]] = {kind: [] for kind, *_ in KINDS}
     with tempfile.TemporaryDirectory(prefix="distlab-bench-train-") as tmp:
         for round_ in range(args.repeats):
-            for kind, program, extra in KINDS:
-                samples[kind].append(measure(kind, program, extra, args, Path(tmp), env))
+            for kind, program, backend, observe in KINDS:
+                samples[kind].append(measure(kind, program, backend, observe, args, Path(tmp)))
                 console.print(f"  round {round_ + 1}: {kind}: {samples[kind][-1]:.1f} img/s")
     best = {kind: max(values) for kind, values in samples.items()}
 

@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from harness.labs import LABS, LAUNCHERS_FOR_BACKEND
+from harness.catalog import LABS, LAUNCHERS_FOR_BACKEND
 from harness.launchers import LAUNCHERS, find_tool
-from labs.common.contract import _cpu_model
+from labs.common import host
 
 
 def _version(name: str) -> str | None:
@@ -59,11 +59,8 @@ def facts() -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    driver = None
-    if gpus:
-        driver = _probe("import subprocess; print(subprocess.run(['nvidia-smi', '--query-gpu=driver_version',"
-                        " '--format=csv,noheader'], capture_output=True, text=True).stdout.splitlines()[0])")
+    gpu_facts = host.gpus()
+    gpus = gpu_facts["count"]
     mpi_library = _probe("from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])") \
         if _version("mpi4py") else None
     horovod = horovod_build() if _version("horovod") else {}
@@ -94,8 +91,8 @@ def facts() -> dict[str, Any]:
         },
         "horovod_build": horovod,
         "backends": backends,
-        "gpus": {"count": gpus, "models": [torch.cuda.get_device_name(i) for i in range(gpus)], "driver": driver},
-        "cpu": {"model": _cpu_model(), "cores": cores},
+        "gpus": gpu_facts,
+        "cpu": {"model": host.cpu_model(), "cores": cores},
         "launchers": launchers,
         "labs": runnable,
     }
@@ -154,8 +151,6 @@ def main(as_json: bool = False) -> int:
 
 def fingerprint() -> dict[str, Any]:
     """The few facts that choose a profile: GPU count and models, CPU cores and model."""
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return {"gpus": gpus, "gpu_models": [torch.cuda.get_device_name(i) for i in range(gpus)],
-            "cores": os.cpu_count() or 1, "cpu_model": _cpu_model()}
+    gpus = host.gpus()
+    return {"gpus": gpus["count"], "gpu_models": gpus["models"], "cores": os.cpu_count() or 1,
+            "cpu_model": host.cpu_model()}

@@ -1,146 +1,36 @@
-"""`distlab grade`: run each lab at each world size, then compare the records with a profile.
+"""`distlab grade`: run each lab at each world size, then compare what was measured with a profile.
 
-Runs go through the same path as `distlab run` (real launchers, one run directory each).
-Every comparison becomes one verdict row: measured, expected, pass/fail. Per run: the
-record's own correctness checks, the checks the profile requires, metric bands and the
-time budget. Across world sizes: accuracy within a delta of world size 1 (the LR scaling
-rule should keep it), and scaling efficiency T(n) / (n T(1)).
+    plan (profile, cells, every request checked)  ->  execute (runner.run_lab per cell and repeat)
+    ->  verdicts.evaluate  ->  report (terminal table, Markdown, HTML, JUnit, step summary)
+
+Runs go through the same path as `distlab run` (request.build_request, then runner.run_lab: real
+launchers, one run directory each). `distlab calibrate` runs the same plan and writes a profile.
 """
 
 from __future__ import annotations
 
-import os
+import argparse
+import statistics
+import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from harness.profiles import Band, LabExpectation, Profile
-from harness.stats import efficiency as scaling_efficiency
-from harness.stats import mean_ci
+from harness import doctor, evaluate, observed, profiles, report
+from harness.catalog import LABS
+from harness.console import console, print_json, run_progress
+from harness.profiles import LabExpectation, Profile
+from harness.references import REFERENCES, Reference
+from harness.request import build_request
+from harness.runner import OBSERVE_DIR, RUN_DIR_PLACEHOLDER, RunRequest, RunResult, dry_run, new_run_dir, run_lab
+from harness.usage import UsageError
+from harness.verdicts import Sample, Verdict, metric
+from harness.verdicts import evaluate as evaluate_verdicts
 
-
-@dataclass(frozen=True)
-class Verdict:
-    lab: str
-    world_size: int | None  # None: a check across world sizes
-    check: str
-    measured: str
-    expected: str
-    passed: bool | None  # None: not applicable here (said why in detail)
-    detail: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class Sample:
-    """One run as the grader sees it: the harness's run.json and the lab's record."""
-
-    run_dir: str
-    status: str
-    reason: str | None
-    wall_seconds: float
-    record: dict[str, Any] | None
-
-
-def _metric(record: dict[str, Any] | None, name: str) -> float | None:
-    value = (record or {}).get("metrics", {}).get(name)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
-
-
-def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample]) -> Verdict:
-    values = [_metric(s.record, band.metric) for s in samples]
-    expected = band.describe(world_size)
-    if any(v is None for v in values):
-        return Verdict(lab, world_size, band.metric, "missing", expected, False,
-                       f"the record lacks metrics.{band.metric} (a number); see labs/README.md")
-    if band.expected:
-        if world_size not in band.expected:
-            return Verdict(lab, world_size, band.metric, _fmt(mean_ci(values).mean), expected, None,
-                           f"the profile has no expectation for world size {world_size}")
-        # Throughput is noisy: pass unless the whole 95% interval lies below the threshold.
-        interval = mean_ci(values)
-        threshold = band.at_least_fraction * band.expected[world_size]
-        return Verdict(lab, world_size, band.metric, str(interval), expected, interval.high >= threshold,
-                       f"threshold {threshold:.4g}; {interval.n} sample(s), 95% CI [{interval.low:.4g}, "
-                       f"{interval.high:.4g}]")
-    mean = mean_ci(values).mean
-    if band.value is not None:
-        passed = abs(mean - band.value) <= band.tolerance
-    else:
-        passed = (band.min is None or mean >= band.min) and (band.max is None or mean <= band.max)
-    return Verdict(lab, world_size, band.metric, _fmt(mean), expected, passed,
-                   f"mean of {len(values)} run(s)" if len(values) > 1 else "")
-
-
-def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample]) -> list[Verdict]:
-    """Everything checked on the runs of one lab at one world size."""
-    lab = exp.lab
-    failed = [s for s in samples if s.status != "ok"]
-    verdicts = [Verdict(lab, world_size, "run", f"{len(samples) - len(failed)}/{len(samples)} ok",
-                        "all ok", not failed, failed[0].reason or "" if failed else "")]
-    for name in exp.required_checks:
-        missing = [s for s in samples if name not in ((s.record or {}).get("checks") or {})]
-        bad = [s for s in samples if not ((s.record or {}).get("checks") or {}).get(name, {}).get("passed", False)]
-        if missing:
-            verdicts.append(Verdict(lab, world_size, f"check:{name}", "missing", "passed", False,
-                                    f"the record has no check '{name}' (required for this lab)"))
-        else:
-            detail = {k: v for k, v in samples[0].record["checks"][name].items() if k != "passed"} if bad else ""
-            verdicts.append(Verdict(lab, world_size, f"check:{name}", "passed" if not bad else "FAILED", "passed",
-                                    not bad, str(detail) if detail else ""))
-    slowest = max(s.wall_seconds for s in samples)
-    verdicts.append(Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s",
-                            slowest <= exp.time_budget_s, "slowest run's wall time"))
-    ok_samples = [s for s in samples if s.status == "ok"]
-    for band in exp.bands:
-        if not ok_samples:
-            verdicts.append(Verdict(lab, world_size, band.metric, "-", band.describe(world_size), False,
-                                    "no successful run to measure"))
-        else:
-            verdicts.append(band_verdict(lab, world_size, band, ok_samples))
-    return verdicts
-
-
-def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]]) -> list[Verdict]:
-    """Accuracy invariance and throughput scaling, both against world size 1."""
-    verdicts: list[Verdict] = []
-    ok = {ws: [s for s in samples if s.status == "ok"] for ws, samples in cells.items()}
-
-    def mean_of(ws: int, metric: str) -> float | None:
-        values = [_metric(s.record, metric) for s in ok.get(ws, [])]
-        return None if not values or None in values else mean_ci(values).mean  # type: ignore[arg-type]
-
-    for ws in sorted(cells):
-        if ws == 1:
-            continue
-        if exp.accuracy_delta is not None:
-            base, here = mean_of(1, exp.accuracy_metric), mean_of(ws, exp.accuracy_metric)
-            if base is None or here is None:
-                verdicts.append(Verdict(exp.lab, ws, "accuracy_vs_ws1", "-", f"within {exp.accuracy_delta:g}",
-                                        None, "needs successful runs with final accuracy at world sizes 1 and "
-                                              f"{ws}"))
-            else:
-                verdicts.append(Verdict(exp.lab, ws, "accuracy_vs_ws1", f"{here - base:+.3f}",
-                                        f"within ±{exp.accuracy_delta:g}", abs(here - base) <= exp.accuracy_delta,
-                                        f"{exp.accuracy_metric} {here:.3f} at {ws} vs {base:.3f} at 1"))
-        if ws in exp.efficiency_min:
-            base, here = mean_of(1, exp.throughput_metric), mean_of(ws, exp.throughput_metric)
-            if not base or here is None:
-                verdicts.append(Verdict(exp.lab, ws, "efficiency", "-", f">= {exp.efficiency_min[ws]:g}", None,
-                                        f"needs {exp.throughput_metric} at world sizes 1 and {ws}"))
-            else:
-                efficiency = scaling_efficiency(here, ws, base)
-                verdicts.append(Verdict(exp.lab, ws, "efficiency", f"{efficiency:.3f}",
-                                        f">= {exp.efficiency_min[ws]:g}", efficiency >= exp.efficiency_min[ws],
-                                        f"T({ws}) / ({ws} T(1)) with T = {exp.throughput_metric}"))
-    return verdicts
+# The program's own final accuracy against the harness's measurement of rank 0's weights: an honest
+# lab differs by a few test images, because each rank keeps its own BatchNorm running statistics and
+# counts its own shard of the test set with them.
+ACCURACY_CLAIM_TOLERANCE = 0.02
 
 
 @dataclass
@@ -152,68 +42,207 @@ class GradePlan:
     programs: dict[str, Path]
     results_root: Path
     timeout_s: float | None
+    gpus: int | None = None  # GPUs visible: a GPU profile grades the world sizes they can hold
 
     def cells(self) -> list[tuple[str, int]]:
         planned = []
-        from harness.labs import LABS
-
         for lab in self.labs:
             exp = self.profile.labs[lab]
             # Expectations exist only where the profile has them: --world-sizes selects among those.
             sizes = [ws for ws in exp.world_sizes if not self.world_sizes or ws in self.world_sizes]
-            limit = LABS[lab].max_world_size
+            if self.profile.on_gpus and self.gpus is not None:
+                sizes = [ws for ws in sizes if ws <= self.gpus]  # one GPU per rank
+            limit = LABS[exp.catalog_lab].max_world_size
             planned += [(lab, ws) for ws in sizes if limit is None or ws <= limit]
         return planned
 
+    def request(self, lab: str, world_size: int) -> RunRequest:
+        """The run of one cell, checked like `distlab run` checks its own."""
+        exp = self.profile.labs[lab]
+        return build_request(exp.catalog_lab, world_size, exp.args_at(world_size),
+                             launcher=exp.launcher if world_size > 1 else None, backend=exp.backend,
+                             timeout_s=self.timeout_s or exp.time_budget_s * 2, results_root=self.results_root,
+                             program=self.programs.get(lab) or self.programs.get(exp.catalog_lab))
 
-def sample_of(result: Any) -> Sample:
+    def reference(self, lab: str, world_size: int) -> tuple[Reference, RunRequest, tuple] | None:
+        """The reference loop a cell's throughput is a ratio to, its run, and the key under which cells
+        that would run the very same reference share one measurement."""
+        name = self.profile.labs[lab].reference
+        if name is None:
+            return None
+        reference = REFERENCES[name]
+        run = reference.request(self.request(lab, world_size))
+        return reference, run, (name, run.world_size, run.launcher, run.backend, run.threads, tuple(run.lab_args))
+
+
+def plan(args: argparse.Namespace) -> GradePlan:
+    """The grade asked for on the command line, every run validated before the first one starts:
+    a bad cell found after an hour helps nobody."""
+    host = doctor.fingerprint()
+    try:
+        profile = profiles.resolve(args.profile, host)
+    except profiles.ProfileError as error:
+        raise UsageError(str(error)) from None
+    asked = [lab for lab in (args.labs or "").split(",") if lab] or list(profile.labs)
+    for lab in asked:
+        if lab not in LABS and lab not in profile.labs:
+            raise UsageError(f"unknown lab {lab!r}; choose from: {', '.join(LABS)}")
+        if not any(row == lab or exp.catalog_lab == lab for row, exp in profile.labs.items()):
+            raise UsageError(f"profile {profile.name} has no expectations for lab {lab}; "
+                             f"its labs: {', '.join(profile.labs)}")
+    # --labs ddp grades the rows that run ddp (ddp and a variant such as ddp-sync-bn); a row's own
+    # name grades that row; --labs ddp,ddp grades them once. Profile order throughout.
+    labs = [row for row, exp in profile.labs.items() if row in asked or exp.catalog_lab in asked]
+    programs = {}
+    for item in args.program or []:  # LAB=PATH for every row of a lab, or ROW=PATH for one row
+        lab, sep, path = item.partition("=")
+        if not sep or (lab not in LABS and lab not in profile.labs):
+            raise UsageError(f"--program takes LAB=PATH with LAB one of {', '.join(LABS)} (got {item!r})")
+        if not Path(path).is_file():
+            raise UsageError(f"program {path} for lab {lab} does not exist")
+        programs[lab] = Path(path).resolve()
+    grade_plan = GradePlan(profile, labs, args.world_sizes, args.repeats, programs, args.results, args.timeout,
+                           gpus=host["gpus"])
+    if not grade_plan.cells():
+        raise UsageError("nothing to run: no lab of the profile runs at the world sizes given")
+    for lab, ws in grade_plan.cells():
+        grade_plan.request(lab, ws)
+    return grade_plan
+
+
+def show_plan(grade_plan: GradePlan) -> None:
+    """--dry-run: the profile chosen, and every run the grade would start, in order; nothing starts."""
+    profile = grade_plan.profile
+    lines = [f"profile {profile.name} ({profile.path}){' PROVISIONAL' if profile.provisional else ''}: "
+             f"{profile.description}", f"{len(grade_plan.cells())} cell(s) x {grade_plan.repeats} repeat(s)"]
+    shown: set[tuple] = set()
+    for lab, ws in grade_plan.cells():
+        ref = grade_plan.reference(lab, ws)
+        if ref and ref[2] not in shown:
+            shown.add(ref[2])
+            lines.append(f"{ref[0].name} for {lab} ws={ws}: {dry_run(ref[1])}")
+        lines.append(f"{lab} ws={ws}: {dry_run(grade_plan.request(lab, ws))}")
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+def sample_of(result: RunResult) -> Sample:
     return Sample(str(result.run_dir), result.status, result.reason, result.wall_seconds, result.record)
 
 
-def execute(plan: GradePlan, build_request: Any, run_lab: Any, progress: Any = None,
-            done: dict[tuple[str, int], list[Sample]] | None = None) -> dict[tuple[str, int], list[Sample]]:
-    """Run every planned cell `repeats` times; build_request/run_lab are the CLI's own.
+def observe(result: RunResult, exp: LabExpectation, request: RunRequest) -> Sample:
+    """A run as the grader judges it. For a data-parallel training lab, what the harness saw itself:
+    the checks computed from every rank's observations, the accuracy of rank 0's final weights
+    measured on the test set, and every claim of the record that these contradict."""
+    sample = sample_of(result)
+    if not LABS[exp.catalog_lab].data_parallel or not result.ok:
+        return sample
+    observe_dir = result.run_dir / OBSERVE_DIR
+    lab_args = [arg.replace(RUN_DIR_PLACEHOLDER, str(result.run_dir)) for arg in request.lab_args]
+    # Measured always, graded where the profile has an accuracy band: a claim is compared either way.
+    measurement = evaluate.measure(observe_dir, lab_args, python=request.python)
+    sample.measured[exp.accuracy_metric] = measurement.get("accuracy")
+    sample.measure_error = measurement.get("error")
+    checks = observed.checks(observed.load(observe_dir), request.backend, request.world_size,
+                             train_set_size=measurement.get("train_size"))
+    checks += observed.compare_claims(result.record, checks, measurement.get("accuracy"), ACCURACY_CLAIM_TOLERANCE)
+    sample.observed = [check.to_dict() for check in checks]
+    return sample
 
-    Samples go into `done` as each run ends, so a caller that is interrupted keeps them.
+
+def execute(grade_plan: GradePlan, done: dict[tuple[str, int], list[Sample]],
+            references: dict[tuple[str, int], list[Sample]] | None = None) -> None:
+    """Run every planned cell `repeats` times into `done` (and each cell's reference runs into
+    `references`), which keep every finished run even if Ctrl-C stops the rest.
+
+    A reference runs just before the first cell that needs it, alternating with that cell's runs,
+    so that a change in the machine's load touches both alike.
     """
-    done = {} if done is None else done
-    cells = plan.cells()
-    for index, (lab, ws) in enumerate(cells, 1):
-        exp = plan.profile.labs[lab]
-        for repeat in range(1, plan.repeats + 1):
-            request = build_request(lab, ws, exp.args_at(ws), launcher=exp.launcher if ws > 1 else None,
-                                    backend=exp.backend, timeout_s=plan.timeout_s or exp.time_budget_s * 2,
-                                    results_root=plan.results_root, program=plan.programs.get(lab))
-            label = f"[{index}/{len(cells)}] {lab} ws={ws} run {repeat}/{plan.repeats}"
-            started = time.monotonic()
+    references = {} if references is None else references
+    cells = grade_plan.cells()
+    measured: dict[tuple, list[Sample]] = {}
+    keys = {key for cell in cells if (ref := grade_plan.reference(*cell)) for key in [ref[2]]}
+    with run_progress((len(cells) + len(keys)) * grade_plan.repeats) as progress:
 
-            def on_line(line: str, label: str = label, started: float = started) -> None:
-                if progress is not None:
-                    progress(f"{label} {time.monotonic() - started:4.0f}s  {line.strip()[:70]}")
+        def one_run(label: str, request: RunRequest, exp: LabExpectation | None = None) -> Sample:
+            progress.started(label)
+            result = run_lab(request, echo=False, on_line=progress.line)
+            sample = observe(result, exp, request) if exp else sample_of(result)
+            progress.ended(f"ok in {result.wall_seconds:.0f} s" if result.ok else f"FAILED: {result.reason}")
+            return sample
 
-            if progress is not None:
-                progress(label)
-            done.setdefault((lab, ws), []).append(sample_of(run_lab(request, echo=False, on_line=on_line)))
-    return done
-
-
-def evaluate(plan: GradePlan, done: dict[tuple[str, int], list[Sample]]) -> list[Verdict]:
-    verdicts = []
-    for lab in plan.labs:
-        exp = plan.profile.labs[lab]
-        cells = {ws: samples for (name, ws), samples in done.items() if name == lab}
-        for ws in sorted(cells):
-            verdicts += evaluate_cell(exp, ws, cells[ws])
-        verdicts += evaluate_across(exp, cells)
-    return verdicts
+        for lab, ws in cells:
+            ref = grade_plan.reference(lab, ws)
+            if ref:
+                references[lab, ws] = measured.setdefault(ref[2], [])
+            for repeat in range(1, grade_plan.repeats + 1):
+                if ref and len(measured[ref[2]]) < repeat:
+                    measured[ref[2]].append(one_run(f"{ref[0].name} for {lab} ws={ws} run {repeat}", ref[1]))
+                request = grade_plan.request(lab, ws)
+                done.setdefault((lab, ws), []).append(
+                    one_run(f"{lab} ws={ws} run {repeat}/{grade_plan.repeats}", request, grade_plan.profile.labs[lab]))
 
 
-def harness_overhead(wall_seconds: float, done: dict[tuple[str, int], list[Sample]]) -> float:
-    """Total wall time over the sum of the lab runs' wall times (1.0: no overhead)."""
-    runs = sum(s.wall_seconds for samples in done.values() for s in samples)
-    return wall_seconds / runs if runs else float("nan")
+def reference_rates(grade_plan: GradePlan, references: dict[tuple[str, int], list[Sample]]
+                    ) -> dict[tuple[str, int], float | None]:
+    """Each cell's reference rate: the mean of its reference runs, times the ranks it stands for.
+    None where no reference run succeeded."""
+    rates: dict[tuple[str, int], float | None] = {}
+    for (lab, ws), samples in references.items():
+        reference = REFERENCES[grade_plan.profile.labs[lab].reference]
+        values = [v for s in samples if s.status == "ok" and (v := metric(s.record, reference.metric))]
+        rates[lab, ws] = statistics.fmean(values) * reference.scale(ws) if values else None
+    return rates
 
 
-def in_github_actions() -> Path | None:
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    return Path(summary) if summary else None
+def harness_overhead(wall_seconds: float, *runs: dict[tuple[str, int], list[Sample]]) -> float:
+    """Total wall time over the sum of the runs' wall times, labs and references (1.0: no overhead).
+    A reference shared by several cells is counted once."""
+    unique = {id(s): s for group in runs for samples in group.values() for s in samples}
+    total = sum(s.wall_seconds for s in unique.values())
+    return wall_seconds / total if total else float("nan")
+
+
+def run(args: argparse.Namespace) -> int:
+    """`distlab grade`: plan, execute, evaluate, report; exit 0 when every check passed."""
+    grade_plan = plan(args)
+    profile = grade_plan.profile
+    if getattr(args, "dry_run", False):
+        show_plan(grade_plan)
+        return 0
+    console.print(f"distlab grade: profile {profile.name}"
+                  f"{' (PROVISIONAL: numbers not measured on this hardware)' if profile.provisional else ''}; "
+                  f"{len(grade_plan.cells())} cell(s) x {grade_plan.repeats} repeat(s)", markup=False)
+    done: dict[tuple[str, int], list[Sample]] = {}
+    references: dict[tuple[str, int], list[Sample]] = {}
+    started, interrupted = time.monotonic(), None
+    try:
+        execute(grade_plan, done, references)
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: the run in flight is stopped; report what finished
+        interrupted = stop
+    wall = time.monotonic() - started
+    verdicts = evaluate_verdicts(profile, grade_plan.labs, done, reference_rates(grade_plan, references))
+    if interrupted is not None:
+        finished = sum(len(samples) for samples in done.values())
+        verdicts.append(Verdict("grade", None, "completed", f"interrupted after {finished} run(s)",
+                                f"{len(grade_plan.cells()) * grade_plan.repeats} run(s)", False,
+                                f"{interrupted or 'Ctrl-C'}: the verdicts above cover only the runs that finished"))
+    overhead = harness_overhead(wall, done, references)
+    report_dir = new_run_dir(args.results, "grade", max(ws for _, ws in grade_plan.cells()), profile.name)
+    summary = {"profile": profile.name, "provisional": profile.provisional, "profile_measured": profile.measured,
+               "labs": grade_plan.labs, "repeats": grade_plan.repeats, "runs": sum(len(s) for s in done.values()),
+               "reference_runs": len({id(s) for samples in references.values() for s in samples}),
+               "wall_seconds": wall, "harness_overhead": overhead,
+               "failed": sum(v.passed is False for v in verdicts), "interrupted": interrupted is not None}
+    paths = report.write_report(report_dir, summary, verdicts, done)
+    console.print(report.verdict_table(verdicts, f"distlab grade: {profile.name}"))
+    report.append_step_summary(paths["markdown"])
+    failed = summary["failed"]
+    console.print(f"{'[red]FAILED[/red]' if failed else '[green]passed[/green]'}: {failed} failed check(s); "
+                  f"{summary['runs']} run(s) in {wall:.0f} s, harness overhead {overhead:.3f}")
+    console.print(f"report: {paths['html']}  junit: {paths['junit']}", markup=False)
+    if getattr(args, "json", False):
+        print_json({**summary, "report": {kind: str(path) for kind, path in paths.items()},
+                    "failures": [v.to_dict() for v in verdicts if v.passed is False]})
+    if interrupted is not None:
+        raise interrupted  # the CLI says so and exits 130 (Ctrl-C) or 128 + the signal
+    return 1 if failed else 0

@@ -7,10 +7,14 @@ user would type them (see `command.txt` in every run directory).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
+import stat
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +42,7 @@ class LaunchSpec:
     hosts: tuple[tuple[str, int], ...] = ()  # (host, slots)
     hostfile: Path | None = None
     network_interface: str | None = None
+    rdzv_store_served: bool = False  # the harness serves the c10d store (loopback endpoint): no torchrun hosts it
 
     @property
     def multinode(self) -> bool:
@@ -66,10 +71,12 @@ def torchrun_command(spec: LaunchSpec) -> list[str]:
         # Every node runs this same line but --node-rank; they meet at the endpoint, which
         # node 0 serves (is_host: torchrun would otherwise guess from hostnames, and guess wrong
         # when the endpoint is one address among several). join_timeout bounds the wait for
-        # nodes that never come.
+        # nodes that never come. On a loopback endpoint the harness serves the store itself, bound to
+        # loopback (torchrun's own would listen on every interface): then every torchrun is a client.
+        is_host = spec.node_rank == 0 and not spec.rdzv_store_served
         rendezvous = ["--nnodes", str(spec.nnodes), "--node-rank", str(spec.node_rank), "--rdzv-backend", "c10d",
                       "--rdzv-endpoint", spec.rdzv_endpoint, "--rdzv-id", spec.rdzv_id, "--rdzv-conf",
-                      f"join_timeout={int(spec.rdzv_timeout_s)},is_host={int(spec.node_rank == 0)}"]
+                      f"join_timeout={int(spec.rdzv_timeout_s)},is_host={int(is_host)}"]
         # The workers' MASTER_ADDR comes from node 0's local address: by default its hostname,
         # which on many clusters resolves to an interface the other nodes cannot reach.
         if spec.local_addr:
@@ -77,7 +84,7 @@ def torchrun_command(spec: LaunchSpec) -> list[str]:
     else:
         # One node: the c10d rendezvous keeps its state in a file of this run's own (no port, so
         # parallel runs never clash, and nothing listens on the network), and the workers' store
-        # is served by rank 0 on loopback (see TORCHRUN_ENV and labs/common/contract.py).
+        # is served by rank 0 on loopback (see TORCHRUN_ENV and labs/common/process_group.py).
         rendezvous = ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", str(spec.log_dir / "rendezvous"),
                       "--rdzv-conf", "store_type=file", "--rdzv-id", spec.rdzv_id, "--local-addr", "127.0.0.1"]
     # --redirects/--tee 3: each rank's stdout and stderr in its own file and on the console.
@@ -176,24 +183,49 @@ def _rank_logs_horovodrun(log_dir: Path) -> dict[int, list[Path]]:
     return logs or _split_tagged(log_dir, HOROVOD_TAG)  # one rank: no files, tagged lines
 
 
-MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<(?:stdout|stderr)>: ?(.*)$")  # [job,rank]<stdout>: line
-HOROVOD_TAG = re.compile(r"^\[(\d+)\]<(?:stdout|stderr)>:(.*)$")  # [rank]<stdout>:line
+MPI_TAG = re.compile(rb"^\[\d+,(\d+)\]<(?:stdout|stderr)>: ?(.*)$", re.S)  # [job,rank]<stdout>: line
+HOROVOD_TAG = re.compile(rb"^\[(\d+)\]<(?:stdout|stderr)>:(.*)$", re.S)  # [rank]<stdout>:line
 
 
-def _split_tagged(log_dir: Path, tag: re.Pattern[str]) -> dict[int, list[Path]]:
-    """Split launcher output whose lines carry their rank into one file per rank."""
-    launcher_log = log_dir.parent / "launcher.log"
-    lines: dict[int, list[str]] = {}
-    if launcher_log.exists():
-        for line in launcher_log.read_text(errors="replace").splitlines():
-            match = tag.match(line)
-            if match:
-                lines.setdefault(int(match.group(1)), []).append(match.group(2))
-    logs = {}
-    for rank, text in lines.items():
-        logs[rank] = [log_dir / f"rank.{rank}.out"]
-        logs[rank][0].write_text("\n".join(text) + "\n")
-    return logs
+def _split_tagged(log_dir: Path, tag: re.Pattern[bytes]) -> dict[int, list[Path]]:
+    """Split launcher output whose lines carry their rank into one file per rank, bytes as they came.
+
+    launcher.log is read only while it is a regular file (the program could have put a FIFO or a
+    link there); each rank's file is written by rename.
+    """
+    try:
+        fd = os.open(log_dir.parent / "launcher.log", os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return {}
+    outputs: dict[int, tuple[int, str]] = {}
+    try:
+        with os.fdopen(fd, "rb") as source:
+            if not stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+                return {}
+            for line in source:
+                match = tag.match(line.rstrip(b"\n"))
+                if not match:
+                    continue
+                rank = int(match.group(1))
+                if rank not in outputs:
+                    outputs[rank] = tempfile.mkstemp(dir=log_dir, prefix=f".rank.{rank}.", suffix=".tmp")
+                os.write(outputs[rank][0], match.group(2) + b"\n")
+        logs = {}
+        for rank, (out, tmp) in sorted(outputs.items()):
+            os.close(out)
+            target = log_dir / f"rank.{rank}.out"
+            os.replace(tmp, target)
+            logs[rank] = [target]
+        outputs.clear()
+        return logs
+    except OSError:
+        return {}
+    finally:
+        for out, tmp in outputs.values():
+            with contextlib.suppress(OSError):
+                os.close(out)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def _rank_logs_mpirun(log_dir: Path) -> dict[int, list[Path]]:
@@ -204,7 +236,18 @@ def _rank_logs_python(log_dir: Path) -> dict[int, list[Path]]:
     return {0: [log_dir / "rank.0.out"]} if (log_dir / "rank.0.out").exists() else {}
 
 
-SIGNALS = {"9": "SIGKILL", "15": "SIGTERM", "6": "SIGABRT", "11": "SIGSEGV", "2": "SIGINT"}
+def signal_name(number: int) -> str:
+    """SIGKILL for 9; 'signal 200' for a number no signal has."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _exit_failure(rank: str, code: str) -> Failure:
+    """A launcher's exit code for a rank: negative means killed by that signal (Python's convention)."""
+    value = int(code)
+    return Failure(int(rank), value, signal_name(-value) if value < 0 else None)
 
 
 def _failure_torchrun(output: str) -> Failure | None:
@@ -212,22 +255,20 @@ def _failure_torchrun(output: str) -> Failure | None:
     match = re.search(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", root[-1], re.S)
     if not match:
         return None
-    code = int(match.group(2))
-    return Failure(int(match.group(1)), code, SIGNALS.get(str(-code), f"signal {-code}") if code < 0 else None)
+    return _exit_failure(match.group(1), match.group(2))
 
 
 def _failure_horovodrun(output: str) -> Failure | None:
     match = re.search(r"Process name: (\d+)\s*\nExit code: (-?\d+)", output)
     if not match:
         return None
-    code = int(match.group(2))
-    return Failure(int(match.group(1)), code, SIGNALS.get(str(-code), f"signal {-code}") if code < 0 else None)
+    return _exit_failure(match.group(1), match.group(2))
 
 
 def _failure_mpirun(output: str) -> Failure | None:
     signalled = re.search(r"process rank (\d+) with PID \d+ on node \S+ exited on\s+signal (\d+)", output)
     if signalled:
-        return Failure(int(signalled.group(1)), None, SIGNALS.get(signalled.group(2), f"signal {signalled.group(2)}"))
+        return Failure(int(signalled.group(1)), None, signal_name(int(signalled.group(2))))
     exited = re.search(r"Process name:\s*\[[^,\]]+,(\d+)\]\s*\n\s*Exit code:\s*(-?\d+)", output)
     if exited:
         return Failure(int(exited.group(1)), int(exited.group(2)), None)
@@ -236,6 +277,37 @@ def _failure_mpirun(output: str) -> Failure | None:
 
 def _failure_python(output: str) -> Failure | None:
     return None  # one process: its exit status says it all
+
+
+# Flags of the lab contract that distlab run sets from its own options; a lab argument after --
+# must not override them (a later flag wins in argparse, so `-- --record PATH` would redirect the
+# record outside the run directory). --timeout is the user's to give.
+HARNESS_FLAGS = ("--record", "--backend")
+
+
+def harness_flag(arg: str) -> str | None:
+    """The harness-owned flag `arg` would set in a lab's argparse parser, else None.
+
+    Exact (`--record`), with a value (`--record=x`), or abbreviated (`--rec`: argparse takes any
+    unambiguous prefix).
+    """
+    if not arg.startswith("--") or len(arg) < 3:
+        return None
+    name = arg.split("=", 1)[0]
+    return next((flag for flag in HARNESS_FLAGS if len(name) > 2 and flag.startswith(name)), None)
+
+
+def serve_rendezvous_store(listen_fd: int, port: int) -> None:
+    """Serve torchrun's c10d rendezvous store from a socket the harness bound on loopback, until
+    killed (the harness stops it with the run). Started by the runner as a process of the run."""
+    import datetime as dt
+
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                          timeout=dt.timedelta(seconds=60), master_listen_fd=listen_fd)
+    while store is not None:
+        signal.pause()
 
 
 @dataclass(frozen=True)

@@ -8,18 +8,30 @@ module only validates those inputs so that mistakes fail fast with a clear messa
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from pathlib import Path
+
+MAX_HOSTFILE_BYTES = 1 << 20
+# A host as launchers take it: a name, an IPv4 or a bracketed IPv6 address; never an option (-x).
+HOST_NAME = re.compile(r"[A-Za-z0-9_\[][A-Za-z0-9_.:%\[\]-]{0,252}")
+DIGITS = re.compile(r"[0-9]{1,5}")  # a port, a slot count
 
 
 class PlacementError(ValueError):
     """Bad multi-node input; the message names the fix."""
 
 
+def _host(name: str, where: str) -> str:
+    if not HOST_NAME.fullmatch(name):
+        raise PlacementError(f"{where}: {name!r} is not a host name or address (letters, digits, '.', '-', ':')")
+    return name
+
+
 def parse_endpoint(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not DIGITS.fullmatch(port) or not 0 < int(port) < 65536 or not HOST_NAME.fullmatch(host):
         raise PlacementError(f"rendezvous endpoint {text!r} must be HOST:PORT, like node0:29400")
     return host.strip("[]"), int(port)
 
@@ -63,18 +75,25 @@ def parse_hosts(text: str, default_slots: int = 1) -> tuple[tuple[str, int], ...
     hosts = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         name, sep, slots = item.partition(":")
-        if sep and (not slots.isdigit() or int(slots) < 1):
+        if sep and (not DIGITS.fullmatch(slots) or int(slots) < 1):
             raise PlacementError(f"host {item!r}: slots must be a whole number >= 1, like {name}:2")
-        hosts.append((name, int(slots) if sep else default_slots))
+        hosts.append((_host(name, "--hosts"), int(slots) if sep else default_slots))
     return _no_repeats(hosts, "--hosts")
 
 
 def parse_hostfile(path: Path) -> tuple[tuple[str, int], ...]:
-    """Open MPI's format: `host slots=N`, one per line, # comments."""
+    """Open MPI's format: `host slots=N`, one per line, # comments. Read only if it is a regular
+    UTF-8 file of at most MAX_HOSTFILE_BYTES (a FIFO would block the harness)."""
+    from harness.files import NotARegularFile, read_regular_file
+
     try:
-        lines = path.read_text().splitlines()
+        lines = read_regular_file(path, MAX_HOSTFILE_BYTES, follow=True).decode("utf-8").splitlines()
+    except NotARegularFile as error:
+        raise PlacementError(f"hostfile {error}") from None
+    except UnicodeDecodeError as error:
+        raise PlacementError(f"hostfile {path}: not UTF-8 text (byte {error.start}); write it as plain text") from None
     except OSError as error:
-        raise PlacementError(f"hostfile {path}: {error.strerror}") from None
+        raise PlacementError(f"hostfile {path}: {error.strerror or error}") from None
     hosts = []
     for number, line in enumerate(lines, 1):
         words = line.split("#", 1)[0].split()
@@ -83,11 +102,11 @@ def parse_hostfile(path: Path) -> tuple[tuple[str, int], ...]:
         slots = 1
         for word in words[1:]:
             key, _, value = word.partition("=")
-            if key in ("slots", "max_slots") and value.isdigit() and int(value) >= 1:
+            if key in ("slots", "max_slots") and DIGITS.fullmatch(value) and int(value) >= 1:
                 slots = int(value) if key == "slots" else slots
             else:
                 raise PlacementError(f"hostfile {path}, line {number}: {word!r} is not slots=N")
-        hosts.append((words[0], slots))
+        hosts.append((_host(words[0], f"hostfile {path}, line {number}"), slots))
     if not hosts:
         raise PlacementError(f"hostfile {path} names no host")
     return _no_repeats(hosts, f"hostfile {path}")

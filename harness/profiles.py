@@ -2,7 +2,10 @@
 
 A profile says, for each lab and world size, what a correct and healthy run looks like on
 that hardware, and where those numbers were measured. It is checked on load: a mistake
-names the file, the key and what was expected.
+names the file, the key and what was expected. Nothing in a profile can stall or crash the
+harness, or send a file elsewhere: it is read only if it is a regular UTF-8 file of at most
+MAX_PROFILE_BYTES, every number must be finite, world sizes are listed once, the name (used in
+report paths) is one plain word, and the lab arguments never set what the harness sets itself.
 
     name, description, provisional, auto_select
     [measured]  where, how, date, repeats, versions        (provenance of the numbers)
@@ -14,6 +17,8 @@ names the file, the key and what was expected.
 
 from __future__ import annotations
 
+import math
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +30,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+MAX_PROFILE_BYTES = 1 << 20
+MAX_WORLD_SIZE = 1 << 20
+PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a report folder is named after it
+WHOLE_NUMBER = re.compile(r"[0-9]{1,7}")
 
 
 class ProfileError(ValueError):
@@ -40,8 +49,15 @@ class Band:
     tolerance: float | None = None
     expected: dict[int, float] = field(default_factory=dict)  # per world size
     at_least_fraction: float | None = None
+    # Throughput as a ratio to the lab's reference (a plain loop) measured in the same grade run,
+    # on the same machine at the same threads: this is what carries from one CPU to another.
+    at_least_ratio: dict[int, float] = field(default_factory=dict)  # per world size
 
     def describe(self, world_size: int) -> str:
+        if self.at_least_ratio:
+            if world_size not in self.at_least_ratio:
+                return "n/a"
+            return f">= {self.at_least_ratio[world_size]:g} x reference"
         if self.expected:
             if world_size not in self.expected:
                 return "n/a"
@@ -55,7 +71,7 @@ class Band:
 
 @dataclass(frozen=True)
 class LabExpectation:
-    lab: str
+    lab: str  # the profile's name for this cell row: the catalog lab, or a variant of it ("ddp-sync-bn")
     world_sizes: tuple[int, ...]
     args: tuple[str, ...] = ()
     world_size_args: dict[int, tuple[str, ...]] = field(default_factory=dict)  # added at that world size
@@ -68,6 +84,16 @@ class LabExpectation:
     efficiency_min: dict[int, float] = field(default_factory=dict)
     throughput_metric: str = "img_per_sec"
     bands: tuple[Band, ...] = ()
+    reference: str | None = None  # the plain loop its throughput is a ratio to (harness/references.py)
+    program_lab: str = ""  # the catalog lab it runs (`lab = "ddp"`); the row's own name when not given
+    accuracy_reference: str | None = None  # whose world size 1 its accuracy is compared with (default: its own)
+    # A row that shows an effect the course teaches (e.g. BatchNorm over small per-rank batches): its
+    # accuracy gap is reported with this explanation instead of graded; its other checks are graded.
+    lesson: str = ""
+
+    @property
+    def catalog_lab(self) -> str:
+        return self.program_lab or self.lab
 
     def args_at(self, world_size: int) -> list[str]:
         return [*self.args, *self.world_size_args.get(world_size, ())]
@@ -85,14 +111,22 @@ class Profile:
     labs: dict[str, LabExpectation]
 
     def fits(self, host: dict[str, Any]) -> bool:
-        """host: {"gpus": count, "gpu_models": [...], "cores": n} (from distlab doctor's facts)."""
+        """host: {"gpus": count, "gpu_models": [...], "cores": n} (from distlab doctor's facts).
+
+        A CPU profile fits CPU hosts; a GPU profile fits any host with at least one GPU of its model
+        (match.gpus is how many it was measured on: a grade runs the world sizes the host can).
+        """
         want = self.match.get("gpus", 0)
-        if (want == 0) != (host["gpus"] == 0) or host["gpus"] < want:  # CPU profiles fit CPU hosts only
+        if (want == 0) != (host["gpus"] == 0):
             return False
         model = self.match.get("gpu_model", "")
         if model and not any(model.lower() in m.lower() for m in host["gpu_models"]):
             return False
         return host["cores"] >= self.match.get("min_cores", 1)
+
+    @property
+    def on_gpus(self) -> bool:
+        return self.match.get("gpus", 0) > 0
 
 
 class _Reader:
@@ -121,6 +155,8 @@ class _Reader:
         value = self.get(key, (int, float), "a number", default)
         if value is None or value is default:
             return value
+        if not _finite(value):
+            raise self.fail(key, "a finite number", _shown(value))
         if (low is not None and value < low) or (high is not None and value > high):
             raise self.fail(key, f"a number in [{low}, {high}]", value)
         return float(value)
@@ -129,11 +165,12 @@ class _Reader:
         table = self.get(key, dict, 'a table of world size = number, like { "2" = 0.8 }', {})
         out = {}
         for size, value in table.items():
-            if not str(size).isdigit() or int(size) < 1:
+            if not _world_size_key(size):
                 raise self.fail(f"{key}.{size}", "a world size (a whole number >= 1) as the key")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < low or (
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value) or value < low or (
                     high is not None and value > high):
-                raise self.fail(f"{key}.{size}", f"a number >= {low}" + (f" and <= {high}" if high else ""), value)
+                raise self.fail(f"{key}.{size}", f"a finite number >= {low}" + (f" and <= {high}" if high else ""),
+                                _shown(value))
             out[int(size)] = float(value)
         return out
 
@@ -146,12 +183,32 @@ class _Reader:
                 raise self.fail(key, f"one of {', '.join(sorted(allowed))} (unknown key)")
 
 
+def _finite(value: Any) -> bool:
+    """A number a comparison can use: not nan or inf, and an int within float's range."""
+    try:
+        return math.isfinite(value) and abs(value) <= 1e300
+    except OverflowError:
+        return False
+
+
+def _shown(value: Any) -> Any:
+    text = repr(value)
+    return value if len(text) <= 40 else f"{text[:24]}...({len(text)} characters)"
+
+
+def _world_size_key(size: Any) -> bool:
+    return isinstance(size, str) and bool(WHOLE_NUMBER.fullmatch(size)) and 1 <= int(size) <= MAX_WORLD_SIZE
+
+
 LAB_KEYS = {"world_sizes", "args", "world_size_args", "backend", "launcher", "time_budget_s", "required_checks",
-            "accuracy_delta", "accuracy_metric", "efficiency_min", "throughput_metric", "metrics"}
+            "accuracy_delta", "accuracy_metric", "efficiency_min", "throughput_metric", "metrics", "reference",
+            "lab", "accuracy_reference", "lesson"}
 
 
 def _band(reader: _Reader, metric: str) -> Band:
-    reader.unknown({"min", "max", "value", "tolerance", "expected", "at_least_fraction"})
+    reader.unknown({"min", "max", "value", "tolerance", "expected", "at_least_fraction", "at_least_ratio"})
+    if "at_least_ratio" in reader.table:
+        return Band(metric, at_least_ratio=reader.per_world_size("at_least_ratio", low=0.0, high=10.0))
     if "expected" in reader.table:
         expected = reader.per_world_size("expected", low=0.0)
         fraction = reader.number("at_least_fraction", low=0.0, high=1.0)
@@ -159,24 +216,42 @@ def _band(reader: _Reader, metric: str) -> Band:
     if "value" in reader.table:
         return Band(metric, value=reader.number("value"), tolerance=reader.number("tolerance", low=0.0))
     if "min" not in reader.table and "max" not in reader.table:
-        raise reader.fail("min", "min and/or max, value and tolerance, or expected and at_least_fraction")
+        raise reader.fail("min", "min and/or max, value and tolerance, at_least_ratio, or expected and "
+                                 "at_least_fraction")
     return Band(metric, min=reader.number("min", None), max=reader.number("max", None))
+
+
+def _lab_args(reader: _Reader, key: str, args: list[Any]) -> list[str]:
+    """Arguments for the lab: strings a command line can carry, none of them the harness's own flags."""
+    from harness.launchers import harness_flag
+
+    if not all(isinstance(a, str) for a in args):
+        raise reader.fail(key, "a list of strings", _shown(args))
+    for arg in args[:args.index("--")] if "--" in args else args:
+        if "\0" in arg:
+            raise reader.fail(key, "arguments without NUL bytes", arg)
+        owned = harness_flag(arg)
+        if owned:
+            raise reader.fail(key, f"the lab's own arguments; {owned} is set by the harness for every run", arg)
+    return args
 
 
 def _lab(reader: _Reader, name: str) -> LabExpectation:
     reader.unknown(LAB_KEYS)
     sizes = reader.get("world_sizes", list, "a list of world sizes like [1, 2, 4]")
-    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
-        raise reader.fail("world_sizes", "a non-empty list of whole numbers >= 1", sizes)
-    args = reader.get("args", list, "a list of strings", [])
-    if not all(isinstance(a, str) for a in args):
-        raise reader.fail("args", "a list of strings", args)
+    if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= MAX_WORLD_SIZE for s in sizes):
+        raise reader.fail("world_sizes", "a non-empty list of whole numbers >= 1", _shown(sizes))
+    repeated = sorted({s for s in sizes if sizes.count(s) > 1})
+    if repeated:
+        raise reader.fail("world_sizes", f"each world size once (a repeat would run twice); {repeated[0]} is listed "
+                          f"{sizes.count(repeated[0])} times", sizes)
+    args = _lab_args(reader, "args", reader.get("args", list, "a list of strings", []))
     extra = {}
     for size, more in reader.get("world_size_args", dict, 'a table like { "2" = ["--batch-size", "16"] }',
                                  {}).items():
-        if not str(size).isdigit() or not isinstance(more, list) or not all(isinstance(a, str) for a in more):
+        if not _world_size_key(size) or not isinstance(more, list):
             raise reader.fail(f"world_size_args.{size}", "a world size as the key and a list of strings")
-        extra[int(size)] = tuple(more)
+        extra[int(size)] = tuple(_lab_args(reader, f"world_size_args.{size}", more))
     required = reader.get("required_checks", list, "a list of check names", [])
     bands = tuple(_band(reader.sub("metrics").sub(metric), metric)
                   for metric in reader.get("metrics", dict, "a table of metric bands", {}))
@@ -191,19 +266,58 @@ def _lab(reader: _Reader, name: str) -> LabExpectation:
         efficiency_min=reader.per_world_size("efficiency_min", low=0.0, high=1.5),
         throughput_metric=reader.get("throughput_metric", str, "a metric name", "img_per_sec"),
         bands=bands,
+        reference=_reference(reader, bands),
+        program_lab=reader.get("lab", str, "a lab name (the catalog's) that this row runs", ""),
+        accuracy_reference=reader.get("accuracy_reference", str, "a lab row of this profile", None),
+        lesson=reader.get("lesson", str, "the effect this row shows, in a sentence", ""),
     )
 
 
-def load_profile(path: Path) -> Profile:
+def _reference(reader: _Reader, bands: tuple[Band, ...]) -> str | None:
+    from harness.references import REFERENCES
+
+    reference = reader.get("reference", str, f"a reference loop ({', '.join(REFERENCES)})", None)
+    if reference is not None and reference not in REFERENCES:
+        raise reader.fail("reference", f"one of {', '.join(REFERENCES)}", reference)
+    if reference is None and any(band.at_least_ratio for band in bands):
+        raise reader.fail("reference", f"a reference loop ({', '.join(REFERENCES)}) for the at_least_ratio band")
+    return reference
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """The TOML of a profile file, read safely: a FIFO, a directory, a huge or non-UTF-8 file is refused."""
+    from harness.files import NotARegularFile, read_regular_file
+
     try:
-        data = tomllib.loads(path.read_text())
+        raw = read_regular_file(path, MAX_PROFILE_BYTES, follow=True)
     except FileNotFoundError:
         raise ProfileError(f"profile {path} does not exist") from None
+    except NotARegularFile as error:
+        raise ProfileError(f"profile {error}; give a .toml file") from None
+    except OSError as error:
+        raise ProfileError(f"profile {path}: {error.strerror or error}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ProfileError(f"profile {path}: not UTF-8 text (byte {error.start}); save it as UTF-8") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ProfileError(f"profile {path}: not valid TOML ({error})") from None
+    except RecursionError:
+        raise ProfileError(f"profile {path}: nested too deeply to be a profile") from None
+    except ValueError as error:  # an integer with thousands of digits
+        raise ProfileError(f"profile {path}: not a usable TOML file ({str(error)[:80]})") from None
+
+
+def load_profile(path: Path) -> Profile:
+    data = _read(path)
     top = _Reader(path, data)
     top.unknown({"name", "description", "provisional", "auto_select", "measured", "match", "labs"})
     name = top.get("name", str, "the profile's name")
+    if not PROFILE_NAME.fullmatch(name):
+        raise top.fail("name", "one plain name of letters, digits, '.', '_' and '-' (it names report folders)",
+                       _shown(name))
     measured = top.sub("measured")
     for key in ("where", "how", "date"):
         measured.get(key, str, "a string saying where/how/when the numbers were measured")
@@ -211,11 +325,15 @@ def load_profile(path: Path) -> Profile:
     match.unknown({"gpus", "gpu_model", "min_cores"})
     match.get("gpus", int, "a GPU count")
     labs = top.get("labs", dict, "a table of labs")
-    from harness.labs import LABS
+    from harness.catalog import LABS
 
-    for lab in labs:
-        if lab not in LABS:
-            raise top.fail(f"labs.{lab}", f"a lab name ({', '.join(LABS)})")
+    for lab, table in labs.items():
+        runs = table.get("lab", lab) if isinstance(table, dict) else lab
+        if runs not in LABS:
+            raise top.fail(f"labs.{lab}", f"a lab name ({', '.join(LABS)}), or a row with lab = one of them")
+        other = table.get("accuracy_reference") if isinstance(table, dict) else None
+        if other is not None and other not in labs:
+            raise top.fail(f"labs.{lab}.accuracy_reference", "a lab row of this profile", other)
     return Profile(
         name=name, path=path, description=top.get("description", str, "a description", ""),
         provisional=top.get("provisional", bool, "true or false", False),

@@ -1,5 +1,9 @@
-"""Grade reports: a terminal table, and a directory with Markdown, HTML (plots embedded),
-JUnit XML (written by pytest, one test case per verdict) and PNG plots."""
+"""Grade reports: a terminal table, and a directory with Markdown, HTML (plots embedded), JUnit XML
+(one test case per verdict) and PNG plots; the Markdown also goes to GitHub's step summary.
+
+The HTML page a person reads puts a summary first (lab x world size, a mark per cell, the failing
+checks named), then the failures, then the plots, with the full table folded below.
+"""
 
 from __future__ import annotations
 
@@ -7,85 +11,47 @@ import base64
 import html
 import json
 import os
-import subprocess
-import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
 from rich.table import Table
 
-from harness.grade import Sample, Verdict
-from harness.stats import efficiency, mean_ci
+from harness.plots import grade_plots
+from harness.verdicts import Sample, Verdict
 from labs.common.contract import write_json_atomic
 
 MARK = {True: "pass", False: "FAIL", None: "n/a"}
 
 
 def verdict_table(verdicts: list[Verdict], title: str) -> Table:
-    table = Table(title=title)
+    table = Table(title=escape(title))
     for column in ("lab", "ws", "check", "measured", "expected", "result"):
         table.add_column(column)
     style = {True: "green", False: "bold red", None: "dim"}
     for v in verdicts:
-        table.add_row(v.lab, "all" if v.world_size is None else str(v.world_size), escape(v.check), escape(v.measured),
-                      escape(v.expected), f"[{style[v.passed]}]{MARK[v.passed]}[/]")
+        table.add_row(escape(v.lab), "all" if v.world_size is None else str(v.world_size), escape(v.check),
+                      escape(v.measured), escape(v.expected), f"[{style[v.passed]}]{MARK[v.passed]}[/]")
     return table
 
 
-def plots(done: dict[tuple[str, int], list[Sample]], out: Path) -> list[Path]:
-    """Accuracy per epoch, throughput and efficiency per world size, for the labs that report them."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-    labs = sorted({lab for lab, _ in done})
-    curves = [(lab, ws, s.record["metrics"]["test_accuracy"]) for (lab, ws), samples in sorted(done.items())
-              for s in samples[:1] if s.record and isinstance(s.record.get("metrics", {}).get("test_accuracy"), list)]
-    if curves:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for lab, ws, accuracy in curves:
-            ax.plot(range(1, len(accuracy) + 1), accuracy, marker="o", label=f"{lab} ws={ws}")
-        ax.set(xlabel="epoch", ylabel="test accuracy", title="Accuracy per epoch")
-        ax.legend(fontsize="small")
-        written.append(_save(fig, out / "accuracy.png"))
-    throughput: dict[str, dict[int, Any]] = {}
-    for (lab, ws), samples in done.items():
-        values = [s.record["metrics"]["img_per_sec"] for s in samples if s.status == "ok" and s.record
-                  and isinstance(s.record["metrics"].get("img_per_sec"), (int, float))]
-        if values:
-            throughput.setdefault(lab, {})[ws] = mean_ci([float(v) for v in values])
-    if throughput:
-        fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(10, 4))
-        for lab in labs:
-            if lab not in throughput:
-                continue
-            sizes = sorted(throughput[lab])
-            means = [throughput[lab][ws].mean for ws in sizes]
-            errors = [throughput[lab][ws].half_width for ws in sizes]
-            ax_t.errorbar(sizes, means, yerr=errors, marker="o", capsize=3, label=lab)
-            if 1 in throughput[lab]:
-                base = throughput[lab][1].mean
-                ax_e.plot(sizes, [efficiency(m, ws, base) for m, ws in zip(means, sizes, strict=True)],
-                          marker="o", label=lab)
-        ax_t.set(xlabel="world size", ylabel="images/s (total)", title="Throughput (95% CI)")
-        ax_e.axhline(1.0, color="grey", linestyle="--", label="ideal")
-        ax_e.set(xlabel="world size", ylabel="efficiency T(n)/(n T(1))", title="Scaling efficiency", ylim=(0, 1.2))
-        for ax in (ax_t, ax_e):
-            ax.legend(fontsize="small")
-        written.append(_save(fig, out / "throughput.png"))
-    return written
+def cell_matrix(verdicts: list[Verdict]) -> tuple[list[str], list[str], dict[tuple[str, str], list[Verdict]]]:
+    """Verdicts by (lab, world size): the rows, the columns ("all": checks across world sizes) and cells."""
+    cells: dict[tuple[str, str], list[Verdict]] = {}
+    for v in verdicts:
+        cells.setdefault((v.lab, "all" if v.world_size is None else str(v.world_size)), []).append(v)
+    labs = list(dict.fromkeys(v.lab for v in verdicts))
+    sizes = sorted({ws for _, ws in cells if ws != "all"}, key=int) + (["all"] if any(
+        ws == "all" for _, ws in cells) else [])
+    return labs, sizes, cells
 
 
-def _save(fig: Any, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return path
+def _cell_mark(cell: list[Verdict]) -> tuple[str, list[str]]:
+    failed = [v.check for v in cell if v.passed is False]
+    if failed:
+        return "FAIL", failed
+    return ("pass" if any(v.passed for v in cell) else "n/a"), []
 
 
 def markdown(summary: dict[str, Any], verdicts: list[Verdict], images: list[Path]) -> str:
@@ -94,61 +60,108 @@ def markdown(summary: dict[str, Any], verdicts: list[Verdict], images: list[Path
              f"Profile **{summary['profile']}**{' (provisional)' if summary['provisional'] else ''}; "
              f"{summary['runs']} run(s) in {summary['wall_seconds']:.0f} s; "
              f"{sum(v.passed is True for v in verdicts)} passed, {failed} failed, "
-             f"{sum(v.passed is None for v in verdicts)} n/a.", "",
-             "| lab | ws | check | measured | expected | result | detail |", "|---|---|---|---|---|---|---|"]
-    for v in verdicts:
-        cells = [v.lab, "all" if v.world_size is None else str(v.world_size), v.check, v.measured, v.expected,
-                 MARK[v.passed] if v.passed is not False else "**FAIL**", v.detail]
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+             f"{sum(v.passed is None for v in verdicts)} n/a.", ""]
+    labs, sizes, cells = cell_matrix(verdicts)
+    lines += ["| lab | " + " | ".join(f"ws {ws}" if ws != "all" else "across" for ws in sizes) + " |",
+              "|---" * (len(sizes) + 1) + "|"]
+    for lab in labs:
+        marks = []
+        for ws in sizes:
+            if (lab, ws) not in cells:
+                marks.append("")
+                continue
+            mark, failing = _cell_mark(cells[lab, ws])
+            marks.append(f"**FAIL**: {', '.join(failing)}" if failing else mark)
+        lines.append(f"| {lab} | " + " | ".join(m.replace("|", "\\|") for m in marks) + " |")
+    lines += ["", "| lab | ws | check | measured | expected | result | detail |", "|---|---|---|---|---|---|---|"]
+    for v in sorted(verdicts, key=lambda v: v.passed is not False):  # failures first
+        row = [v.lab, "all" if v.world_size is None else str(v.world_size), v.check, v.measured, v.expected,
+               MARK[v.passed] if v.passed is not False else "**FAIL**", v.detail]
+        lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + " |")
     lines += [""] + [f"![{p.stem}]({p.name})" for p in images]
     return "\n".join(lines) + "\n"
 
 
+def _rows(verdicts: list[Verdict]) -> str:
+    e = html.escape
+    return "\n".join(
+        f"<tr class='{MARK[v.passed].lower().replace('/', '')}'><td>{e(v.lab)}</td>"
+        f"<td>{'all' if v.world_size is None else v.world_size}</td><td>{e(v.check)}</td>"
+        f"<td>{e(v.measured)}</td><td>{e(v.expected)}</td><td>{MARK[v.passed]}</td>"
+        f"<td>{e(v.detail)}</td></tr>" for v in verdicts)
+
+
 def html_page(summary: dict[str, Any], verdicts: list[Verdict], images: list[Path]) -> str:
-    failed = sum(v.passed is False for v in verdicts)
-    rows = "\n".join(
-        f"<tr class='{MARK[v.passed].lower().replace('/', '')}'><td>{html.escape(v.lab)}</td>"
-        f"<td>{'all' if v.world_size is None else v.world_size}</td><td>{html.escape(v.check)}</td>"
-        f"<td>{html.escape(v.measured)}</td><td>{html.escape(v.expected)}</td><td>{MARK[v.passed]}</td>"
-        f"<td>{html.escape(v.detail)}</td></tr>" for v in verdicts)
+    e = html.escape  # everything that came from a record, a profile or a lab's output
+    failed = [v for v in verdicts if v.passed is False]
+    labs, sizes, cells = cell_matrix(verdicts)
+    head = "".join(f"<th>{'across sizes' if ws == 'all' else f'ws {ws}'}</th>" for ws in sizes)
+    matrix = []
+    for lab in labs:
+        tds = []
+        for ws in sizes:
+            if (lab, ws) not in cells:
+                tds.append("<td></td>")
+                continue
+            mark, failing = _cell_mark(cells[lab, ws])
+            tds.append(f"<td class='{mark.lower().replace('/', '')}'>{mark}"
+                       + (f"<br><small>{e(', '.join(failing))}</small>" if failing else "") + "</td>")
+        matrix.append(f"<tr><th>{e(lab)}</th>{''.join(tds)}</tr>")
+    header = "<tr>" + "".join(f"<th>{c}</th>" for c in ("lab", "ws", "check", "measured", "expected", "result",
+                                                         "detail")) + "</tr>"
+    failures = (f"<h2>Failures ({len(failed)})</h2><table>{header}{_rows(failed)}</table>" if failed
+                else "<h2>No failures</h2>")
     # Plots inline as data URIs: the page is one file that can be mailed or attached as is.
     figures = "\n".join(
-        f"<figure><img alt='{p.stem}' src='data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}'>"
-        f"<figcaption>{p.stem}</figcaption></figure>" for p in images)
+        f"<figure><img alt='{e(p.stem)}' src='data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}'>"
+        f"<figcaption>{e(p.stem)}</figcaption></figure>" for p in images)
+    profile = e(summary["profile"])
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>distlab grade: {summary['profile']}</title>
-<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}}
-td,th{{border:1px solid #ccc;padding:4px 8px}} tr.fail{{background:#fdd}} tr.na{{color:#888}}
-img{{max-width:100%}}</style></head><body>
+<html><head><meta charset="utf-8"><title>distlab grade: {profile}</title>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;margin-bottom:1em}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}} .fail{{background:#fdd}} .pass{{background:#dfd}}
+.na{{color:#888}} img{{max-width:100%}} summary{{cursor:pointer;font-size:1.2em}}</style></head><body>
 <h1>distlab grade: {'FAILED' if failed else 'passed'}</h1>
-<p>Profile <b>{html.escape(summary['profile'])}</b>{' (provisional)' if summary['provisional'] else ''};
-{summary['runs']} run(s) in {summary['wall_seconds']:.0f} s; {failed} failed check(s).</p>
-<table><tr><th>lab</th><th>ws</th><th>check</th><th>measured</th><th>expected</th><th>result</th><th>detail</th></tr>
-{rows}
+<p>Profile <b>{profile}</b>{' (provisional)' if summary['provisional'] else ''};
+{summary['runs']} run(s) in {summary['wall_seconds']:.0f} s; {len(failed)} failed check(s).</p>
+<table><tr><th>lab</th>{head}</tr>
+{chr(10).join(matrix)}
 </table>
+{failures}
+<h2>Plots</h2>
 {figures}
+<details><summary>All {len(verdicts)} checks</summary>
+<table>{header}
+{_rows(verdicts)}
+</table></details>
 </body></html>
 """
 
 
-def junit(verdicts_json: Path, out: Path) -> None:
-    """pytest writes the JUnit XML: one test case per verdict, failures with their detail."""
-    cases = Path(__file__).with_name("junit_cases.py")
-    env = dict(os.environ, DISTLAB_VERDICTS=str(verdicts_json))
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                    "-c", os.devnull, "--rootdir", str(out.parent), "-o", "junit_family=xunit2",
-                    "-o", "junit_suite_name=distlab-grade", f"--junitxml={out}", str(cases)],
-                   env=env, capture_output=True, text=True, check=False)
-    if not out.exists():
-        raise RuntimeError(f"pytest did not write {out}")
+def junit(verdicts: list[Verdict], out: Path) -> None:
+    """JUnit XML, one test case per verdict: CI systems show the failures with their detail."""
+    suite = ET.Element("testsuite", name="distlab-grade", tests=str(len(verdicts)),
+                       failures=str(sum(v.passed is False for v in verdicts)),
+                       skipped=str(sum(v.passed is None for v in verdicts)))
+    for v in verdicts:
+        case = ET.SubElement(suite, "testcase", classname=f"distlab.{v.lab}",
+                             name=f"ws{v.world_size or 'all'}-{v.check}")
+        if v.passed is False:
+            ET.SubElement(case, "failure", message=f"{v.check}: measured {v.measured}, expected {v.expected}"
+                          ).text = v.detail
+        elif v.passed is None:
+            ET.SubElement(case, "skipped", message=v.detail or "not applicable")
+    testsuites = ET.Element("testsuites")
+    testsuites.append(suite)
+    ET.indent(testsuites)
+    ET.ElementTree(testsuites).write(out, encoding="utf-8", xml_declaration=True)
 
 
 def write_report(report_dir: Path, summary: dict[str, Any], verdicts: list[Verdict],
                  done: dict[tuple[str, int], list[Sample]]) -> dict[str, Path]:
     report_dir.mkdir(parents=True, exist_ok=True)
-    images = plots(done, report_dir)
-    verdicts_json = report_dir / "verdicts.json"
-    write_json_atomic(verdicts_json, [v.to_dict() for v in verdicts])
+    images = grade_plots(done, report_dir)
+    write_json_atomic(report_dir / "verdicts.json", [v.to_dict() for v in verdicts])
     write_json_atomic(report_dir / "summary.json", {
         **summary, "runs_by_cell": {f"{lab}@{ws}": [s.run_dir for s in samples]
                                     for (lab, ws), samples in done.items()}})
@@ -156,8 +169,16 @@ def write_report(report_dir: Path, summary: dict[str, Any], verdicts: list[Verdi
              "junit": report_dir / "junit.xml"}
     paths["markdown"].write_text(markdown(summary, verdicts, images))
     paths["html"].write_text(html_page(summary, verdicts, images))
-    junit(verdicts_json, paths["junit"])
+    junit(verdicts, paths["junit"])
     return paths
+
+
+def append_step_summary(markdown_path: Path) -> None:
+    """On GitHub Actions, the report also becomes the job's summary page."""
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with Path(summary).open("a") as handle:
+            handle.write(markdown_path.read_text())
 
 
 def load_verdicts(path: Path) -> list[Verdict]:

@@ -20,28 +20,22 @@ import json
 import math
 import os
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from harness.cli import (
-    Parser,
-    UsageError,
-    build_request,
-    console,
-    gpu_count,
-    positive_float,
-    positive_int,
-    split_lab_args,
-    world_size_list,
-)
-from harness.labs import DEFAULT_LAUNCHER
+from harness.catalog import DEFAULT_LAUNCHER, LABS, backend_for
+from harness.console import console, fmt, print_json, run_progress
+from harness.plots import scale_plots
+from harness.request import build_request
 from harness.runner import RunRequest, new_run_dir, run_lab
-from harness.stats import Interval, efficiency, mean_ci, speedup
+from harness.stats import Interval, efficiency, fit_amdahl, mean_ci, speedup
+from harness.usage import UsageError
 from labs.common.contract import write_json_atomic
+from labs.common.host import gpu_count
 
 LAB = "scaling"
 MAX_OVERSUBSCRIPTION = 4  # ranks x threads beyond this many times the cores measure the scheduler, not scaling
@@ -52,38 +46,6 @@ MEAN_METRICS = ("step_seconds", "step_seconds_no_sync", "comm_seconds", "allredu
 
 
 # ------------------------------------------------------------------------------ pure computations
-
-
-def amdahl_speedup(world_size: float, serial_fraction: float) -> float:
-    """Amdahl's law: a fraction s of the work does not parallelise, so n ranks give 1 / (s + (1 - s) / n)."""
-    return 1.0 / (serial_fraction + (1.0 - serial_fraction) / world_size)
-
-
-def fit_amdahl(world_sizes: list[int], speedups: list[float], base_world_size: int = 1) -> float:
-    """The serial fraction in [0, 1] whose Amdahl curve is closest to the measured speedups (least squares).
-
-    Speedups are relative to base_world_size, so the curve is too: A(n) / A(base). A grid finds the
-    basin, golden-section search then narrows it to about 1e-9.
-    """
-    if len(world_sizes) != len(speedups) or not world_sizes:
-        raise ValueError("need one speedup per world size")
-
-    def error(s: float) -> float:
-        base = amdahl_speedup(base_world_size, s)
-        pairs = zip(world_sizes, speedups, strict=True)
-        return sum((measured - amdahl_speedup(n, s) / base) ** 2 for n, measured in pairs)
-
-    step = 1e-3
-    best = min((i * step for i in range(int(1 / step) + 1)), key=error)
-    low, high = max(0.0, best - step), min(1.0, best + step)
-    ratio = (5 ** 0.5 - 1) / 2
-    while high - low > 1e-10:
-        left, right = high - ratio * (high - low), low + ratio * (high - low)
-        if error(left) <= error(right):
-            high = right
-        else:
-            low = left
-    return (low + high) / 2
 
 
 def rank_batches(mode: str, world_sizes: list[int], batch: int | None,
@@ -177,52 +139,6 @@ def batch_mismatches(mode: str, asked: dict[int, int | None], global_batch: int 
     return problems
 
 
-# ------------------------------------------------------------------------------------ command line
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lab", choices=["ddp", "horovod"], default="ddp",
-                        help="ddp (torch.distributed, torchrun) or horovod (horovodrun); default ddp")
-    parser.add_argument("--world-sizes", type=world_size_list, required=True,
-                        help="increasing, comma-separated, e.g. 1,2,4; the smallest is the baseline")
-    parser.add_argument("--mode", choices=["weak", "strong"], default="weak",
-                        help="weak: fixed per-rank batch (default); strong: fixed global batch split across ranks")
-    parser.add_argument("--repeats", type=positive_int, default=3, help="runs per world size (default 3)")
-    parser.add_argument("--batch", type=positive_int, help="weak: images per rank per step (default: the lab's)")
-    parser.add_argument("--global-batch", type=positive_int, help="strong: images per step over all ranks")
-    parser.add_argument("--backend", choices=["gloo", "nccl"],
-                        help="--lab ddp only (default: nccl when GPUs are visible, else gloo)")
-    parser.add_argument("--launcher", help="default: torchrun for ddp, horovodrun for horovod")
-    parser.add_argument("--threads", type=positive_int, default=1,
-                        help="OMP threads per rank, the same at every world size (default 1)")
-    parser.add_argument("--timeout", type=positive_float, default=900.0, help="seconds before one run is ended")
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
-
-
-def add_parser(commands: Any) -> argparse.ArgumentParser:
-    """Register `scale` on distlab's subcommands."""
-    parser = commands.add_parser("scale", help="strong or weak scaling: the scaling lab at several world sizes",
-                                 description="Run labs/scaling at each world size; arguments after -- go to the lab.")
-    add_arguments(parser)
-    parser.set_defaults(func=cmd_scale)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m harness.scale ...`, the same as `distlab scale ...`."""
-    own, lab_args = split_lab_args(sys.argv[1:] if argv is None else argv)
-    parser = Parser(prog="distlab scale", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    try:
-        return cmd_scale(parser.parse_args(own), lab_args)
-    except UsageError as error:
-        print(f"distlab scale: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # run_lab has already stopped every rank of the run it was in
-        print("distlab scale: interrupted; finished runs are kept", file=sys.stderr)
-        return 130
-
-
 @dataclasses.dataclass
 class Plan:
     lab: str
@@ -250,7 +166,8 @@ def plan_study(args: argparse.Namespace, lab_args: list[str]) -> Plan:
             raise UsageError("--backend is for --lab ddp; Horovod picks its own transport (Gloo on CPU, NCCL on GPU)")
         backend = "horovod"
     else:
-        backend = args.backend or ("nccl" if gpus else "gloo")
+        # On a GPU host the GPUs, at every world size: too few of them is refused below.
+        backend = args.backend or backend_for(LABS[LAB], 1, gpus)[0]
     world_sizes = args.world_sizes
     batches = rank_batches(args.mode, world_sizes, args.batch, args.global_batch)
     cores = os.cpu_count() or 1
@@ -266,7 +183,8 @@ def plan_study(args: argparse.Namespace, lab_args: list[str]) -> Plan:
                 list(lab_args), cores)
 
 
-def cmd_scale(args: argparse.Namespace, lab_args: list[str]) -> int:
+def run(args: argparse.Namespace, lab_args: list[str]) -> int:
+    """`distlab scale`: plan the study, run it round-robin, summarise, plot and report."""
     plan = plan_study(args, lab_args)
     world_sizes = sorted(plan.requests)
     study_dir = new_run_dir(args.results, "scale", world_sizes[-1], f"{plan.lab}-{plan.mode}")
@@ -282,21 +200,22 @@ def cmd_scale(args: argparse.Namespace, lab_args: list[str]) -> int:
     total = plan.repeats * len(world_sizes)
     # Round-robin over world sizes: a change in the machine's load then touches every world size
     # alike, instead of biasing whichever size ran while it lasted.
-    for index in range(total):
-        repeat, ws = divmod(index, len(world_sizes))
-        ws = world_sizes[ws]
-        request = dataclasses.replace(plan.requests[ws], results_root=study_dir)
-        console.print(f"[{index + 1}/{total}] world size {ws}, repeat {repeat + 1}: ", end="")
-        result = run_lab(request, echo=False)
-        runs[ws].append(str(result.run_dir.relative_to(study_dir)))
-        if not result.ok:
-            console.print("[red]failed[/red]")
-            failure = f"world size {ws}, repeat {repeat + 1}: {result.reason} (see {result.run_dir})"
-            break  # a later run would most likely fail the same way; the notes below say why
-        metrics = result.record["metrics"]
-        records[ws].append(metrics)
-        console.print(f"{metrics['img_per_sec']:.1f} img/s ({metrics['img_per_sec_per_rank']:.1f}/rank) "
-                      f"in {result.wall_seconds:.0f} s")
+    with run_progress(total) as progress:
+        for index in range(total):
+            repeat, ws = divmod(index, len(world_sizes))
+            ws = world_sizes[ws]
+            request = dataclasses.replace(plan.requests[ws], results_root=study_dir)
+            progress.started(f"world size {ws}, repeat {repeat + 1}")
+            result = run_lab(request, echo=False, on_line=progress.line)
+            runs[ws].append(str(result.run_dir.relative_to(study_dir)))
+            if not result.ok:
+                progress.ended("FAILED")
+                failure = f"world size {ws}, repeat {repeat + 1}: {result.reason} (see {result.run_dir})"
+                break  # a later run would most likely fail the same way; the notes below say why
+            metrics = result.record["metrics"]
+            records[ws].append(metrics)
+            progress.ended(f"{metrics['img_per_sec']:.1f} img/s ({metrics['img_per_sec_per_rank']:.1f}/rank) "
+                           f"in {result.wall_seconds:.0f} s")
 
     rows, serial = scaling_rows(records)
     problems = batch_mismatches(plan.mode, plan.batches, plan.global_batch, records)
@@ -324,10 +243,12 @@ def cmd_scale(args: argparse.Namespace, lab_args: list[str]) -> int:
         # Logs and CI pages are not terminals (rich assumes 80 columns there): give the table its width.
         wide = console if console.width >= 130 else Console(highlight=False, width=130)
         wide.print(table(summary))
-        plot_all(summary, study_dir)
+        scale_plots(summary, study_dir)
     for line in notes(summary):
         console.print(line)
-    console.print(f"results: {study_dir}")
+    console.print(f"results: {study_dir}", markup=False)
+    if getattr(args, "json", False):
+        print_json({**summary, "results": str(study_dir)})
     return 1 if failure else 0
 
 
@@ -355,10 +276,6 @@ def _provenance(study_dir: Path, runs: dict[int, list[str]]) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ report
 
 
-def _fmt(value: float | None, scale: float = 1.0, spec: str = ".1f") -> str:
-    return "-" if value is None else format(value * scale, spec)
-
-
 def table(summary: dict[str, Any]) -> Table:
     title = (f"{summary['lab']} ({summary['backend']}), {summary['mode']} scaling, "
              f"{summary['threads_per_rank']} thread(s)/rank, {summary['repeats']} repeat(s)")
@@ -372,10 +289,11 @@ def table(summary: dict[str, Any]) -> Table:
         spread = "" if throughput["n"] < 2 else f" ± {(throughput['ci95_high'] - throughput['ci95_low']) / 2:.1f}"
         size = f"{row['world_size']}{' *' if row['oversubscribed'] else ''}"
         out.add_row(size, str(row["per_rank_batch"]), f"{throughput['mean']:.1f}{spread}",
-                    _fmt(row["img_per_sec_per_rank"]["mean"]), f"{row['speedup']:.2f}", f"{row['efficiency']:.2f}",
-                    _fmt(row["step_seconds"], 1e3), _fmt(row["step_seconds_no_sync"], 1e3),
-                    _fmt(row["allreduce_seconds"], 1e3), _fmt(row["comm_fraction"], 1, ".1%"),
-                    _fmt(row["overlap"], 1, ".0%"))
+                    fmt(row["img_per_sec_per_rank"]["mean"], 1, ".1f"), f"{row['speedup']:.2f}",
+                    f"{row['efficiency']:.2f}",
+                    fmt(row["step_seconds"], 1e3, ".1f"), fmt(row["step_seconds_no_sync"], 1e3, ".1f"),
+                    fmt(row["allreduce_seconds"], 1e3, ".1f"), fmt(row["comm_fraction"], 1, ".1%"),
+                    fmt(row["overlap"], 1, ".0%"))
     return out
 
 
@@ -394,59 +312,5 @@ def notes(summary: dict[str, Any]) -> list[str]:
     lines.append(f"load average (1 min) {load['before'][0]:.2f} before, {load['after'][0]:.2f} after, on "
                  f"{summary['cores']} cores: other work on the host slows some runs and widens the intervals")
     if summary["status"] != "ok":
-        lines.append(f"[red]FAILED[/red]: {summary['reason']}")
+        lines.append(f"[red]FAILED[/red]: {escape(summary['reason'])}")
     return lines
-
-
-def plot_all(summary: dict[str, Any], out: Path) -> list[Path]:
-    """Throughput (with its 95% CI), speedup (with the Amdahl fit) and efficiency against world size,
-    each beside its ideal: linear scaling from the baseline."""
-    rows = summary["rows"]
-    sizes = [r["world_size"] for r in rows]
-    base_size = sizes[0]
-    base = rows[0]["img_per_sec"]["mean"]
-    throughput = [r["img_per_sec"]["mean"] for r in rows]
-    errors = [(r["img_per_sec"]["ci95_high"] - r["img_per_sec"]["ci95_low"]) / 2 for r in rows]
-    fit = None
-    serial = summary["amdahl_serial_fraction"]
-    if serial is not None:
-        # A smooth curve between the measured sizes: the law's shape, not just its values where measured.
-        grid = [base_size + (sizes[-1] - base_size) * i / 50 for i in range(51)]
-        fit = (f"Amdahl, serial fraction {serial:.3f}", grid,
-               [amdahl_speedup(n, serial) / amdahl_speedup(base_size, serial) for n in grid])
-    title = f"{summary['lab']} ({summary['backend']}), {summary['mode']} scaling"
-    return [
-        plot(out / "throughput.png", sizes, throughput, [base * n / base_size for n in sizes],
-             "images/s, all ranks (95% CI)", f"Throughput: {title}", errors=errors),
-        plot(out / "speedup.png", sizes, [r["speedup"] for r in rows], [n / base_size for n in sizes],
-             f"speedup vs world size {base_size}", f"Speedup: {title}", fit=fit),
-        plot(out / "efficiency.png", sizes, [r["efficiency"] for r in rows], [1.0] * len(sizes),
-             "efficiency T(n) / (n T(1))" if base_size == 1 else f"efficiency vs world size {base_size}",
-             f"Efficiency: {title}"),
-    ]
-
-
-def plot(path: Path, sizes: list[int], measured: list[float], ideal: list[float], ylabel: str, title: str,
-         errors: list[float] | None = None, fit: tuple[str, list[float], list[float]] | None = None) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display on servers and in CI
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(sizes, ideal, color="grey", linestyle="--", label="ideal (linear)")
-    ax.errorbar(sizes, measured, yerr=errors, marker="o", capsize=3, label="measured")
-    if fit:
-        label, fit_sizes, fit_values = fit
-        ax.plot(fit_sizes, fit_values, color="tab:orange", linestyle=":", linewidth=2, label=label)
-    ax.set(xlabel="world size (ranks)", ylabel=ylabel, title=title, xticks=sizes)
-    ax.set_ylim(bottom=0)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,5 @@
-"""Small statistics for repeated measurements: mean and a 95% confidence interval.
+"""Small statistics for repeated measurements: mean and a 95% confidence interval, speedup and
+efficiency, and the Amdahl fit of a scaling study.
 
 Throughput on shared machines is noisy, so a single sample proves little: grading and
 scaling compare intervals from repeats.
@@ -57,3 +58,35 @@ def speedup(throughput: float, base_throughput: float) -> float:
 def efficiency(throughput: float, world_size: int, base_throughput: float, base_world_size: int = 1) -> float:
     """Throughput per rank against the baseline's: T(n) / (n T(1)) when the baseline is one rank."""
     return (throughput / world_size) / (base_throughput / base_world_size)
+
+
+def amdahl_speedup(world_size: float, serial_fraction: float) -> float:
+    """Amdahl's law: a fraction s of the work does not parallelise, so n ranks give 1 / (s + (1 - s) / n)."""
+    return 1.0 / (serial_fraction + (1.0 - serial_fraction) / world_size)
+
+
+def fit_amdahl(world_sizes: list[int], speedups: list[float], base_world_size: int = 1) -> float:
+    """The serial fraction in [0, 1] whose Amdahl curve is closest to the measured speedups (least squares).
+
+    Speedups are relative to base_world_size, so the curve is too: A(n) / A(base). A grid finds the
+    basin, golden-section search then narrows it to about 1e-9.
+    """
+    if len(world_sizes) != len(speedups) or not world_sizes:
+        raise ValueError("need one speedup per world size")
+
+    def error(s: float) -> float:
+        base = amdahl_speedup(base_world_size, s)
+        pairs = zip(world_sizes, speedups, strict=True)
+        return sum((measured - amdahl_speedup(n, s) / base) ** 2 for n, measured in pairs)
+
+    step = 1e-3
+    best = min((i * step for i in range(int(1 / step) + 1)), key=error)
+    low, high = max(0.0, best - step), min(1.0, best + step)
+    ratio = (5 ** 0.5 - 1) / 2
+    while high - low > 1e-10:
+        left, right = high - ratio * (high - low), low + ratio * (high - low)
+        if error(left) <= error(right):
+            high = right
+        else:
+            low = left
+    return (low + high) / 2

@@ -2,16 +2,21 @@
 
 The files under harness/templates/ are complete examples with {placeholders}; this fills
 them in for a lab, a node count and GPUs per node. distlab itself starts nothing remotely.
+
+Every value is checked (TemplateError names the option and the form expected) and quoted for
+where it lands: shell words with shlex.quote (twice inside `bash -c '...'`), YAML strings as JSON.
+No value may hold a newline, so none can add a line (an #SBATCH directive, a command) to a job.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.labs import LABS
+from harness.catalog import LABS
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATES = {
@@ -21,6 +26,44 @@ TEMPLATES = {
     "k8s-mpijob": ("k8s-mpijob.yaml", "Kubeflow MPIJob: mpirun over worker pods (Horovod)"),
 }
 DEFAULT_IMAGE = "ghcr.io/distlab/distlab:gpu"
+# What each free-text option may hold: an interface name (Linux: at most 15 characters), a Slurm
+# time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS), an image reference (registry/name:tag,
+# @digest, enroot's registry#image).
+FORMS = {
+    "ifname": (re.compile(r"[A-Za-z0-9_.:-]{1,15}"), "an interface name like eth0 or ib0"),
+    "time_limit": (re.compile(r"(?:[0-9]{1,4}-)?[0-9]{1,4}(?::[0-9]{1,2}){0,2}"), "a Slurm time like 00:30:00 or 1-12"),
+    "image": (re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@#+-]{0,254}"), "an image like registry/name:tag"),
+}
+
+
+class TemplateError(ValueError):
+    """A value that cannot go into a job file; the message names the option and the form expected."""
+
+
+def _check(shape: JobShape) -> None:
+    for key, (form, expected) in FORMS.items():
+        value = getattr(shape, key)
+        if value and not form.fullmatch(value):
+            raise TemplateError(f"--{_OPTION.get(key, key)} {value!r} is not {expected}")
+    if shape.lab not in LABS:
+        raise TemplateError(f"unknown lab {shape.lab!r}; choose one of: {', '.join(LABS)}")
+    if not re.fullmatch(r"[a-z0-9_]{1,32}", shape.backend):
+        raise TemplateError(f"backend {shape.backend!r} is not a backend name")
+    from harness.launchers import harness_flag
+
+    for arg in shape.lab_args:
+        if "\n" in arg or "\r" in arg or "\0" in arg:
+            raise TemplateError(f"lab argument {arg!r} holds a line break or NUL, which a job file cannot carry")
+        if harness_flag(arg):
+            raise TemplateError(f"lab argument {arg!r} would override {harness_flag(arg)}, which the job sets")
+
+
+_OPTION = {"time_limit": "time"}
+
+
+def _in_single_quotes(words: str) -> str:
+    """Shell words as they must appear inside a single-quoted `bash -c '...'` string."""
+    return words.replace("'", "'\"'\"'")
 
 
 @dataclass(frozen=True)
@@ -43,17 +86,22 @@ class JobShape:
 
 
 def render(name: str, shape: JobShape) -> str:
+    """The job file `name` for `shape`; TemplateError for a value that cannot go into it."""
     file, _ = TEMPLATES[name]
-    exports = "\n".join(f"export {var}={shape.ifname}" for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+    _check(shape)
+    exports = "\n".join(f"export {var}={shlex.quote(shape.ifname)}" for var in ("GLOO_SOCKET_IFNAME",
+                                                                                "NCCL_SOCKET_IFNAME")
                         ) if shape.ifname else "# export NCCL_SOCKET_IFNAME=<the interface the nodes share>"
+    image = shape.image or ("" if name.startswith("slurm") else DEFAULT_IMAGE)
     values = {
         "lab": shape.lab, "lab_dns": shape.lab.replace("_", "-"), "lab_program": LABS[shape.lab].program[5:],
         "nodes": shape.nodes, "gpus_per_node": shape.gpus_per_node, "world_size": shape.world_size,
-        "backend": shape.backend, "image": shape.image or ("" if name.startswith("slurm") else DEFAULT_IMAGE),
+        "backend": shape.backend, "image": shlex.quote(image), "image_yaml": json.dumps(image),
         "port": shape.port, "time_limit": shape.time_limit, "cpus_per_task": shape.cpus_per_task,
         "omp_threads": max(1, shape.cpus_per_task // max(1, shape.gpus_per_node)),
         "max_restarts": shape.max_restarts, "ifname_exports": exports,
         "lab_args": shlex.join(shape.lab_args),
+        "lab_args_in_single_quotes": _in_single_quotes(shlex.join(shape.lab_args)),
         "lab_args_yaml": "".join(f", {json.dumps(arg)}" for arg in shape.lab_args),
     }
     return (TEMPLATE_DIR / file).read_text().format(**values)

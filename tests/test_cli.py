@@ -4,11 +4,13 @@ import os
 
 import pytest
 
-from harness import cli
+from harness import cli, usage
+from harness import request as requests
+from harness.runner import RunResult
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["run", "nosuchlab", "-n", "2"], "unknown lab 'nosuchlab'; choose one of: check"),
+    (["run", "nosuchlab", "-n", "2"], "argument lab: invalid choice: 'nosuchlab' (choose from 'check', 'baseline'"),
     (["run", "check", "-n", "0"], "0 is less than 1"),
     (["run", "check", "-n", "two"], "'two' is not a whole number"),
     (["run", "check"], "the following arguments are required: --world-size"),
@@ -21,13 +23,15 @@ from harness import cli
     (["run", "check", "-n", "2", "--backend", "nccl"], "backend nccl needs 2 GPU(s)"),
     (["run", "check", "-n", "1", "--program", "/no/such/file.py"], "program /no/such/file.py does not exist"),
     (["run", "check", "-n", "1", "--timeout", "-3"], "is not positive"),
+    (["run", "check", "-n", "1", "--timeout", "nan"], "'nan' is not a finite number"),
+    (["run", "check", "-n", "1", "--timeout", "inf"], "'inf' is not a finite number"),
     (["run", "ddp", "-n", "2", "--launcher", "mpirun", "--max-restarts", "1"], "--max-restarts needs torchrun"),
     (["run", "ddp", "-n", "2", "--max-restarts", "-1"], "--max-restarts -1 is negative"),
     (["frobnicate"], "invalid choice: 'frobnicate'"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_starts(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "gpu_count", lambda: 0)
+    monkeypatch.setattr(requests, "gpu_count", lambda: 0)
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("distlab: error: ")
@@ -38,36 +42,93 @@ def test_bad_input_is_one_line_exit_2_and_nothing_starts(argv, message, capsys, 
 
 def test_missing_launcher_and_missing_libraries_name_the_fix(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "find_tool", lambda name: None if name == "horovodrun" else "/bin/" + name)
+    monkeypatch.setattr(requests, "find_tool", lambda name: None if name == "horovodrun" else "/bin/" + name)
     assert cli.main(["run", "check", "-n", "2", "--backend", "horovod"]) == 2
     assert "launcher horovodrun is not installed; horovodrun comes with Horovod: run `make setup`" in \
         capsys.readouterr().err
-    monkeypatch.setattr(cli, "find_tool", lambda name: "/bin/" + name)
-    monkeypatch.setattr(cli, "_importable", lambda module: False)
+    monkeypatch.setattr(requests, "find_tool", lambda name: "/bin/" + name)
+    monkeypatch.setattr(requests, "_importable", lambda module: False)
     assert cli.main(["run", "check", "-n", "2", "--backend", "mpi"]) == 2
     assert "backend mpi needs mpi4py" in capsys.readouterr().err
     assert not (tmp_path / "results").exists()
 
 
 def test_lab_arguments_after_the_separator_are_passed_untouched():
-    own, lab_args = cli.split_lab_args(["run", "ddp", "-n", "2", "--", "--epochs", "3", "--", "x"])
+    own, lab_args = usage.split_lab_args(["run", "ddp", "-n", "2", "--", "--epochs", "3", "--", "x"])
     assert own == ["run", "ddp", "-n", "2"]
     assert lab_args == ["--epochs", "3", "--", "x"]
 
 
-def test_default_launcher_follows_the_backend(tmp_path):
+def test_default_launcher_follows_the_backend_and_ranks_share_the_cores(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
     args = cli.build_parser().parse_args(["run", "check", "-n", "2", "--backend", "mpi", "--results", str(tmp_path)])
-    request = cli.resolve_request("check", 2, args, [])
-    assert (request.launcher, request.threads) == ("mpirun", max(1, (os.cpu_count() or 1) // 2))
+    request = requests.from_args("check", 2, args, [])
+    assert (request.launcher, request.threads) == ("mpirun", 4)  # 8 cores over 2 ranks
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert requests.from_args("check", 2, args, []).threads == 1  # never fewer than one thread a rank
     args = cli.build_parser().parse_args(["run", "check", "-n", "1", "--results", str(tmp_path)])
-    assert cli.resolve_request("check", 1, args, []).launcher == "python"
+    assert requests.from_args("check", 1, args, []).launcher == "python"
 
 
 def test_a_failure_reason_in_brackets_is_printed_as_text_not_markup(capsys, tmp_path):
     # Gloo's messages start with "[/path/pair.cc:152]", which rich would take for a closing tag.
     (tmp_path / "rank.0.log").write_text("[rank0]: RuntimeError: [/__w/gloo/pair.cc:152] timed out\n")
     reason = "RuntimeError: [/__w/gloo/pair.cc:152] timed out connecting [bold]"
-    result = cli.RunResult(tmp_path, 1, "failed", reason, None, None, 1.0)
+    result = RunResult(tmp_path, 1, "failed", reason, None, None, 1.0)
     cli.print_summary(result)
     out = capsys.readouterr().out
     assert reason in out and "[rank0]: RuntimeError: [/__w/gloo/pair.cc:152] timed out" in out
+
+
+def test_version_and_launcher_spellings(capsys, tmp_path):
+    with pytest.raises(SystemExit) as stop:
+        cli.build_parser().parse_args(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.startswith("distlab ")
+    for spelling in ("-n", "-np", "--nproc-per-node", "--world-size"):
+        args = cli.build_parser().parse_args(["run", "check", spelling, "3", "-H", "localhost:3"])
+        assert (args.world_size, args.hosts) == (3, "localhost:3")
+
+
+def test_completion_knows_the_labs(capsys):
+    assert cli.main(["completion", "bash"]) == 0
+    script = capsys.readouterr().out
+    assert "_shtab_distlab" in script and "allreduce_bench" in script and "--world-size" in script
+
+
+def test_every_command_help_has_an_example(capsys):
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, type(parser._subparsers._group_actions[0])))
+    for name, sub in commands.choices.items():
+        assert "examples:\n  distlab " in sub.format_help(), name
+
+
+def test_calibrate_refuses_a_folder_it_cannot_write_before_any_run(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    assert cli.main(["calibrate", "--profile", "mine", "--output", str(tmp_path / "a-file" / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write the profile to" in err and "--output" in err and err.count("\n") == 1
+    assert not (tmp_path / "results").exists()
+
+
+def test_progress_in_a_log_is_one_plain_line_per_finished_run(capsys):
+    from harness.console import RunProgress
+
+    progress = RunProgress(2, None)  # what run_progress gives when output is not a terminal
+    progress.started("ddp ws=2 run 1/1")
+    progress.line("epoch 1 [bold]")  # a lab's output: never printed as markup, not printed per line
+    progress.ended("FAILED: [/x] boom")
+    assert capsys.readouterr().out == "[1/2] ddp ws=2 run 1/1: FAILED: [/x] boom\n"
+
+
+@pytest.mark.integration
+def test_run_json_puts_the_summary_alone_on_stdout(capsys, tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["run", "check", "-n", "1", "--json"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["status"] == "ok" and summary["metrics"]["world_size"] == 1
+    assert (tmp_path / summary["run_dir"] / "run.json").is_file()
+    assert "distlab run: check" in captured.err  # people's lines went to stderr

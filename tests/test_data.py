@@ -1,4 +1,4 @@
-"""The shared training module, in one process: data, model, sampler, checks, checkpoints, faults."""
+"""The shared training modules, in one process: data, model, sampler, replica checks, checkpoints, faults."""
 
 from __future__ import annotations
 
@@ -13,26 +13,27 @@ import pytest
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from labs.common import training
-from labs.common.contract import Record, Topology
+from labs.common import faults, training
+from labs.common.contract import Record
+from labs.common.faults import fault_point, parse_fault, skip_all_reduce, skips_collective
+from labs.common.replicas import check_replicas
+from labs.common.topology import Topology
 from labs.common.training import (
     CIFAR10_FOLDER,
     CIFAR10_TEST_FILE,
     CIFAR10_TRAIN_FILES,
+    SYNTHETIC_NOISE,
     EpochShuffle,
     History,
     ImageSet,
     TrainClock,
     augment,
     build_model,
-    check_replicas,
     fetch_cifar10,
     load_checkpoint,
     load_datasets,
     make_optimizer,
-    parse_fault,
     save_checkpoint,
-    skips_collective,
     steps_per_epoch,
     synthetic_cifar10,
     train_loader,
@@ -41,6 +42,7 @@ from labs.common.training import (
 
 def data_args(**overrides) -> argparse.Namespace:
     values = {"dataset": "synthetic", "data_dir": Path("unused"), "train_size": 64, "test_size": 32, "augment": False,
+              "synthetic_noise": SYNTHETIC_NOISE,
               "seed": 0, "workers": 0, "device": "cpu", "stem": "standard", "epochs": 3, "momentum": 0.9,
               "weight_decay": 5e-4}
     return argparse.Namespace(**{**values, **overrides})
@@ -164,7 +166,7 @@ def test_epoch_shuffle_is_distributed_samplers_order_and_changes_each_epoch():
         orders.append(list(baseline))
         assert orders[-1] == list(reference)
         assert sorted(orders[-1]) == dataset
-    assert orders[0] != orders[1] != orders[2]
+    assert len({tuple(order) for order in orders}) == 3  # every epoch its own order, the first and third too
 
 
 def test_ranks_split_the_baselines_global_batches():
@@ -272,6 +274,17 @@ def test_replica_checks_catch_each_fault(reports, failed):
     assert [name for name, check in record.checks.items() if not check["passed"]] == failed
 
 
+def test_the_run_rate_is_the_sum_of_the_ranks_rates():
+    reports = [rank("a", [0, 1, 2, 3]), rank("a", [4, 5, 6, 7])]
+    reports[0]["img_per_sec"], reports[1]["img_per_sec"] = 30.0, 12.5
+    record = Record(lab="t", config={}, topology=Topology(), backend="gloo")
+    assert check_replicas(record, reports, 8, 4, first_epoch=0) == 42.5
+    assert [r["img_per_sec"] for r in record.ranks] == [30.0, 12.5] and "orders" not in record.ranks[0]
+    # A rank that timed no step (too few steps for the warm-up) leaves the run without a rate.
+    reports = [rank("a", [0, 1, 2, 3]), {**rank("a", [4, 5, 6, 7]), "img_per_sec": None}]
+    assert check_replicas(Record(lab="t", config={}, topology=Topology(), backend="gloo"), reports, 8, 4, 0) is None
+
+
 def test_one_epoch_claims_no_order_check():
     assert "order_changes_per_epoch" not in checked([rank("a", [0, 1, 2, 3]), rank("a", [4, 5, 6, 7])]).checks
 
@@ -372,3 +385,54 @@ def test_imageset_single_item_matches_its_batch():
     dataset = ImageSet(images, labels, augment=False)
     image, label, index = dataset[2]
     assert torch.equal(image, images[2]) and label.item() == 4 and index.item() == 2
+
+
+class Stop(Exception):
+    pass
+
+
+def test_crash_and_hang_faults_fire_after_their_step_on_their_rank_only(monkeypatch, capsys):
+    exits, sleeps = [], []
+
+    def exit_(code):
+        exits.append(code)
+        raise Stop
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        raise Stop  # a hang sleeps forever: one sleep is enough to see it
+
+    monkeypatch.setattr(faults.os, "_exit", exit_)
+    monkeypatch.setattr(faults.time, "sleep", sleep)
+    crash = parse_fault("crash:rank=1:step=3")
+    for rank_, step in [(0, 3), (1, 2), (1, 4)]:
+        fault_point(crash, rank_, step)
+    assert exits == [] and sleeps == []
+    with pytest.raises(Stop):
+        fault_point(crash, 1, 3)
+    assert exits == [3] and "fault: crash on rank 1 at step 3" in capsys.readouterr().out
+    fault_point(parse_fault("skip:rank=1:step=3"), 1, 3)  # a skip fires before the step, not here
+    with pytest.raises(Stop):
+        fault_point(parse_fault("hang:rank=0:step=1"), 0, 1)
+    assert exits == [3] and sleeps == [3600]
+
+
+def test_a_ddp_skip_fault_runs_every_micro_batch_of_its_step_inside_no_sync():
+    events = []
+
+    class NoSync:
+        def __enter__(self):
+            events.append("enter")
+
+        def __exit__(self, *exc):
+            events.append("exit")
+
+    fault = parse_fault("skip:rank=1:step=2")
+    assert list(skip_all_reduce(fault, 0, 2, [1, 2], NoSync)) == [1, 2] and events == []  # another rank
+    assert list(skip_all_reduce(fault, 1, 1, [1, 2], NoSync)) == [1, 2] and events == []  # another step
+    for micro_batch in skip_all_reduce(fault, 1, 2, ["a", "b"], NoSync):
+        events.append(micro_batch)  # what the lab's forward and backward do with it
+    # Entered before the first micro-batch, left only after the last one's backward: the step's
+    # all-reduce, which DDP starts from the last backward, never happens on this rank.
+    assert events == ["enter", "a", "b", "exit"]
+    assert list(skip_all_reduce(fault, 1, 2, [1], NoSync)) == [1] and events[-1] == "exit"  # once only

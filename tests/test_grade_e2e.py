@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
     (["grade", "--profile", "cpu-smoke", "--labs", "nosuchlab"], "unknown lab 'nosuchlab'"),
     (["grade", "--profile", "cpu-smoke", "--program", "ddp=/no/such.py"], "program /no/such.py for lab ddp does not"),
     (["grade", "--profile", "cpu-smoke", "--program", "ddp"], "--program takes LAB=PATH"),
-    (["calibrate", "--profile", "cpu-smoke"], "exists and is never overwritten"),
+    (["calibrate", "--profile", "cpu-smoke"], "is taken by"),
     (["calibrate", "--profile", "../evil"], "may hold only letters, digits"),
 ])
 def test_grade_and_calibrate_refuse_bad_input(tmp_path, argv, message):
@@ -38,14 +38,17 @@ def test_grade_smoke_profile_at_world_sizes_1_and_2(tmp_path):
     checks = {(v["lab"], v["world_size"], v["check"]): v["passed"] for v in verdicts}
     # Throughput is compared but not asserted here: this suite runs two workers on two cores,
     # so speed and wall time say nothing (benchmarks measure them). Everything else must pass.
-    throughput = [v for v in verdicts if v["check"] == "img_per_sec"]
-    assert throughput and all(v["measured"] != "missing" for v in throughput)
-    failed = [v for v in verdicts if v["passed"] is False and v["check"] not in ("img_per_sec", "efficiency", "time")]
+    throughput = [v for v in verdicts if v["check"] == "img_per_sec_ratio"]  # against the in-memory loop
+    assert throughput and all(v["measured"] != "missing" and "reference" in v["detail"] for v in throughput)
+    failed = [v for v in verdicts if v["passed"] is False
+              and v["check"] not in ("img_per_sec_ratio", "efficiency", "time")]
     assert not failed, failed
     assert done.returncode == (1 if any(v["passed"] is False for v in verdicts) else 0), done.stdout
-    assert checks[("ddp", 2, "check:params_identical")] is True
-    assert checks[("ddp", 2, "check:order_changes_per_epoch")] is True
-    assert ("ddp", 2, "accuracy_vs_ws1") in checks
+    # Judged from what the harness observed on the ranks, not from the record.
+    for check in ("replicas_identical", "order_changes_per_epoch", "shards_disjoint", "shards_cover",
+                  "one_writer_per_checkpoint", "process_group"):
+        assert checks[("ddp", 2, f"observed:{check}")] is True, check
+    assert ("ddp", 2, "accuracy_vs_ws1") not in checks  # smoke runs stay at chance: nothing to compare
     suite = ET.parse(report / "junit.xml").getroot().find("testsuite")
     assert int(suite.get("tests")) == len(verdicts)
     assert int(suite.get("failures")) == sum(v["passed"] is False for v in verdicts)
@@ -66,8 +69,8 @@ def test_a_program_that_forgets_set_epoch_is_graded_failing_with_the_reason(tmp_
     assert "FAIL" in done.stdout
     verdicts = json.loads(next((tmp_path / "results").glob("grade/*/verdicts.json")).read_text())
     failed = {v["check"]: v for v in verdicts if v["passed"] is False}
-    assert "check:order_changes_per_epoch" in failed
-    assert "order_changes_per_epoch" in failed["run"]["detail"]
+    assert "same order" in failed["observed:order_changes_per_epoch"]["detail"]  # what the harness saw
+    assert "order_changes_per_epoch" in failed["run"]["detail"]  # and the lab's own check said so too
 
 
 @pytest.mark.integration

@@ -1,5 +1,6 @@
 """Launcher command lines and failure reports, without starting anything."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,14 @@ def test_torchrun_on_one_node_meets_in_a_file_and_serves_no_port_of_its_own():
     assert command[command.index("--rdzv-endpoint") + 1] == "/run/logs/rendezvous"
     assert command[command.index("--rdzv-conf") + 1] == "store_type=file"
     assert command[command.index("--local-addr") + 1] == "127.0.0.1"
-    # Each restart attempt gets a fresh store: the agent's shared one keeps a failed attempt's keys.
-    assert LAUNCHERS["torchrun"].env == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    # Each restart attempt gets a fresh store (the agent's shared one keeps a failed attempt's keys):
+    # the setting reaches the command a run starts, and only torchrun's.
+    from harness.request import build_request
+    from harness.runner import dry_run
+
+    for launcher, expected in (("torchrun", True), ("mpirun", False)):
+        request = build_request("check", 2, [], launcher=launcher, results_root=Path("/nonexistent"))
+        assert ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in dry_run(request)) is expected, launcher
     assert command[command.index("--nproc-per-node") + 1] == "4"
     assert command[command.index("--log-dir") + 1] == "/run/logs"
     assert command[-5:] == ["/repo/labs/check/check.py", "--backend", "gloo", "--record", "r.json"]
@@ -142,3 +149,38 @@ def test_horovods_stall_shutdown_is_read_as_a_hang(tmp_path):
     output = "Missing ranks:\n0!: [allreduce.noname.309]\nOne or more rank (marked by \"!\") is stalled for " \
              "longer than 10 seconds. Will shutdown."
     assert "Horovod's stall inspector shut the job down" in _collective_timeout({}, output)
+
+
+@pytest.mark.parametrize(("launcher", "output", "expected"), [
+    ("torchrun", TORCHRUN_OUTPUT.replace("-9 (pid", "-6 (pid"), (1, -6, "SIGABRT")),
+    ("torchrun", TORCHRUN_OUTPUT.replace("-9 (pid", "-11 (pid"), (1, -11, "SIGSEGV")),
+    ("horovodrun", HOROVODRUN_OUTPUT.replace("Exit code: 3", "Exit code: -7"), (1, -7, "SIGBUS")),
+    ("mpirun", MPIRUN_SIGNAL.replace("signal 9 (Killed)", "signal 15 (Terminated)"), (1, None, "SIGTERM")),
+    ("torchrun", TORCHRUN_OUTPUT.replace("-9 (pid", "-200 (pid"), (1, -200, "signal 200")),
+], ids=["abort", "segfault", "bus-error", "mpirun-term", "no-such-signal"])
+def test_any_signal_is_named_as_the_system_names_it(launcher, output, expected):
+    failure = LAUNCHERS[launcher].failure(output)
+    assert (failure.rank, failure.exit_code, failure.signal) == expected
+
+
+def test_a_loopback_endpoint_served_by_the_harness_makes_every_torchrun_a_client():
+    def conf(**placement) -> str:
+        command = LAUNCHERS["torchrun"].command(LaunchSpec(program=Path("/p/x.py"), lab_args=[], world_size=2,
+                                                           log_dir=Path("/l"), python="python", **placement))
+        return command[command.index("--rdzv-conf") + 1]
+
+    assert conf(rdzv_endpoint="127.0.0.1:29400", rdzv_store_served=True) == "join_timeout=60,is_host=0"
+    assert conf(rdzv_endpoint="node0:29400") == "join_timeout=60,is_host=1"
+
+
+def test_tagged_output_that_is_not_utf8_is_split_byte_for_byte(tmp_path):
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "launcher.log").write_bytes(b"[1,0]<stdout>: caf\xe9\n[1,1]<stdout>: \xff\xfe\nnoise \x80\n")
+    logs = LAUNCHERS["mpirun"].rank_logs(tmp_path / "logs")
+    assert logs[0][0].read_bytes() == b"caf\xe9\n" and logs[1][0].read_bytes() == b"\xff\xfe\n"
+
+
+def test_tagged_output_replaced_by_a_fifo_is_not_read(tmp_path):
+    (tmp_path / "logs").mkdir()
+    os.mkfifo(tmp_path / "launcher.log")
+    assert LAUNCHERS["mpirun"].rank_logs(tmp_path / "logs") == {}

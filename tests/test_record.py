@@ -6,7 +6,8 @@ import json
 import pytest
 
 from harness import record
-from labs.common.contract import Record, Topology, detect_topology, write_json_atomic
+from labs.common.contract import Record, write_json_atomic
+from labs.common.topology import Topology, detect_topology
 
 
 def valid() -> dict:
@@ -101,3 +102,16 @@ def test_atomic_write_leaves_the_old_file_when_writing_fails(tmp_path):
 def test_topology_from_each_launcher(env, expected):
     topo = detect_topology(env)
     assert (topo.rank, topo.local_rank, topo.world_size, topo.launcher) == expected
+
+
+def test_per_epoch_metrics_become_a_csv_beside_the_record(tmp_path):
+    from harness.runner import write_epochs_csv
+
+    record = {"metrics": {"train_loss": [2.3, 1.1], "test_accuracy": [0.2, 0.9], "epoch_seconds": [5.0, 4.5],
+                          "final_accuracy": 0.9}}
+    write_epochs_csv(tmp_path / "epochs.csv", record)
+    assert (tmp_path / "epochs.csv").read_text().splitlines() == [
+        "epoch,train_loss,test_accuracy,epoch_seconds", "1,2.3,0.2,5.0", "2,1.1,0.9,4.5"]
+    uneven = {"metrics": {"train_loss": [2.3], "test_accuracy": [0.2, 0.9]}}  # not one row per epoch: no table
+    write_epochs_csv(tmp_path / "uneven.csv", uneven)
+    assert not (tmp_path / "uneven.csv").exists()

@@ -8,50 +8,51 @@ from pathlib import Path
 
 import pytest
 
+from harness import cli, scale, stats
 from harness import record as records
-from harness import scale
-from harness.cli import UsageError
+from harness.usage import UsageError
+from labs.common.host import gpu_count
 
 # --------------------------------------------------------------------------------- the arithmetic
 
 
 def test_efficiency_and_speedup_against_one_rank():
-    assert scale.speedup(180.0, 100.0) == pytest.approx(1.8)
-    assert scale.efficiency(180.0, 2, 100.0) == pytest.approx(0.9)
-    assert scale.efficiency(400.0, 4, 100.0) == pytest.approx(1.0)
+    assert stats.speedup(180.0, 100.0) == pytest.approx(1.8)
+    assert stats.efficiency(180.0, 2, 100.0) == pytest.approx(0.9)
+    assert stats.efficiency(400.0, 4, 100.0) == pytest.approx(1.0)
 
 
 def test_efficiency_against_a_larger_baseline_is_per_rank_throughput_ratio():
     # 2 ranks make 180 img/s (90 each); 8 ranks making 630 (78.75 each) are 87.5% as efficient.
-    assert scale.efficiency(630.0, 8, 180.0, base_world_size=2) == pytest.approx(78.75 / 90)
+    assert stats.efficiency(630.0, 8, 180.0, base_world_size=2) == pytest.approx(78.75 / 90)
 
 
 def test_amdahl_fit_recovers_a_known_serial_fraction():
     sizes = [1, 2, 4, 8, 16]
-    speedups = [scale.amdahl_speedup(n, 0.1) for n in sizes]
-    assert scale.fit_amdahl(sizes, speedups) == pytest.approx(0.1, abs=1e-6)
+    speedups = [stats.amdahl_speedup(n, 0.1) for n in sizes]
+    assert stats.fit_amdahl(sizes, speedups) == pytest.approx(0.1, abs=1e-6)
 
 
 def test_amdahl_fit_relative_to_a_larger_baseline():
     sizes = [2, 4, 8]
-    speedups = [scale.amdahl_speedup(n, 0.05) / scale.amdahl_speedup(2, 0.05) for n in sizes]
-    assert scale.fit_amdahl(sizes, speedups, base_world_size=2) == pytest.approx(0.05, abs=1e-6)
+    speedups = [stats.amdahl_speedup(n, 0.05) / stats.amdahl_speedup(2, 0.05) for n in sizes]
+    assert stats.fit_amdahl(sizes, speedups, base_world_size=2) == pytest.approx(0.05, abs=1e-6)
 
 
 def test_amdahl_fit_with_two_points_is_exact_and_bounded():
     # S(2) = 1 / (s + (1 - s) / 2)  =>  s = 2 / S - 1
-    assert scale.fit_amdahl([1, 2], [1.0, 1.6]) == pytest.approx(2 / 1.6 - 1, abs=1e-6)
-    assert scale.fit_amdahl([1, 2], [1.0, 2.3]) == pytest.approx(0.0, abs=1e-9)  # superlinear: s stays >= 0
-    assert scale.fit_amdahl([1, 2], [1.0, 0.7]) == pytest.approx(1.0, abs=1e-6)  # slower than one rank
+    assert stats.fit_amdahl([1, 2], [1.0, 1.6]) == pytest.approx(2 / 1.6 - 1, abs=1e-6)
+    assert stats.fit_amdahl([1, 2], [1.0, 2.3]) == pytest.approx(0.0, abs=1e-9)  # superlinear: s stays >= 0
+    assert stats.fit_amdahl([1, 2], [1.0, 0.7]) == pytest.approx(1.0, abs=1e-6)  # slower than one rank
 
 
 def test_amdahl_fit_is_least_squares_on_noisy_speedups():
     sizes = [1, 2, 4, 8]
     speedups = [1.0, 1.9, 3.3, 5.0]
-    fitted = scale.fit_amdahl(sizes, speedups)
+    fitted = stats.fit_amdahl(sizes, speedups)
 
     def error(s):
-        return sum((m - scale.amdahl_speedup(n, s)) ** 2 for n, m in zip(sizes, speedups, strict=True))
+        return sum((m - stats.amdahl_speedup(n, s)) ** 2 for n, m in zip(sizes, speedups, strict=True))
 
     assert all(error(fitted) <= error(fitted + d) for d in (-1e-4, 1e-4))
 
@@ -152,16 +153,16 @@ TOO_MANY = str(4 * (os.cpu_count() or 1) + 1)
 ])
 def test_bad_input_is_one_line_exit_2_and_starts_nothing(tmp_path, capsys, argv, message):
     results = tmp_path / "results"
-    assert scale.main(["--results", str(results), *argv]) == 2
+    assert cli.main(["scale", "--results", str(results), *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
     assert not results.exists()
 
 
 def test_nccl_without_gpus_is_refused(tmp_path, capsys):
-    if scale.gpu_count():
+    if gpu_count():
         pytest.skip("GPUs are visible here")
-    assert scale.main(["--world-sizes", "1,2", "--backend", "nccl", "--results", str(tmp_path / "r")]) == 2
+    assert cli.main(["scale", "--world-sizes", "1,2", "--backend", "nccl", "--results", str(tmp_path / "r")]) == 2
     assert "nccl" in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
@@ -182,7 +183,7 @@ def _records(study: Path) -> list[dict]:
 @pytest.mark.integration
 def test_weak_scaling_ddp_at_one_and_two_ranks(tmp_path, capsys):
     results = tmp_path / "results"
-    code = scale.main(["--lab", "ddp", "--world-sizes", "1,2", "--repeats", "2", "--batch", "2",
+    code = cli.main(["scale", "--lab", "ddp", "--world-sizes", "1,2", "--repeats", "2", "--batch", "2",
                        "--results", str(results), *SMOKE])
     out = capsys.readouterr().out
     assert code == 0, out
@@ -216,7 +217,7 @@ def test_weak_scaling_ddp_at_one_and_two_ranks(tmp_path, capsys):
 @pytest.mark.integration
 def test_strong_scaling_splits_the_global_batch_in_real_runs(tmp_path, capsys):
     results = tmp_path / "results"
-    code = scale.main(["--world-sizes", "1,2", "--mode", "strong", "--global-batch", "4", "--repeats", "1",
+    code = cli.main(["scale", "--world-sizes", "1,2", "--mode", "strong", "--global-batch", "4", "--repeats", "1",
                        "--results", str(results), *SMOKE])
     assert code == 0, capsys.readouterr().out
     runs = _records(_study(results))
@@ -227,7 +228,7 @@ def test_strong_scaling_splits_the_global_batch_in_real_runs(tmp_path, capsys):
 @pytest.mark.integration
 def test_horovod_scaling_with_fp16_compression(tmp_path, capsys):
     results = tmp_path / "results"
-    code = scale.main(["--lab", "horovod", "--world-sizes", "1,2", "--repeats", "1", "--batch", "2",
+    code = cli.main(["scale", "--lab", "horovod", "--world-sizes", "1,2", "--repeats", "1", "--batch", "2",
                        "--results", str(results), *SMOKE, "--fp16-allreduce"])
     assert code == 0, capsys.readouterr().out
     study = _study(results)

@@ -7,6 +7,7 @@ with a one-line error (exit 2) before it writes anything.
 
 from __future__ import annotations
 
+import ast
 import json
 import runpy
 import shutil
@@ -21,7 +22,7 @@ from labs.common.training import build_model
 
 REPO = Path(__file__).resolve().parent.parent
 DISTRIBUTED_CHECKS = {"params_identical", "shards_disjoint", "shards_cover", "order_changes_per_epoch"}
-SMOKE_TRAIN_IMAGES, SMOKE_BATCH = 256, 32  # the smoke profile (labs/common/training.py SMOKE)
+SMOKE_TRAIN_IMAGES, SMOKE_BATCH, SMOKE_LR = 256, 32, 0.025  # the smoke profile (labs/common/training.py SMOKE)
 
 # The oracle runs are comparable sample for sample: no augmentation, BatchNorm frozen to its running
 # statistics (with B/2 images per rank, batch statistics would differ from the baseline's B), one
@@ -46,7 +47,9 @@ def test_a_crashed_run_resumes_where_its_checkpoint_left_off(distlab_run, tmp_pa
 
     checkpoint = tmp_path / "ddp.pt"
     crashed = distlab_run("ddp", 2, [*args, "--checkpoint", str(checkpoint), "--fault", "crash:rank=1:step=5"])
-    assert crashed.returncode != 0
+    assert crashed.returncode == 1
+    assert "fault: crash on rank 1 at step 5" in crashed.output
+    assert crashed.run["failure"] == {"rank": 1, "exit_code": 3, "signal": None}
     assert torch.load(checkpoint, weights_only=True)["epoch"] == 2  # written after epoch 2, before the crash
     shutil.copy(checkpoint, tmp_path / "for_horovod.pt")
 
@@ -110,8 +113,12 @@ def test_each_lab_writes_a_valid_record(distlab_run, lab, world_size, launcher, 
     assert len(metrics["train_loss"]) == len(metrics["test_accuracy"]) == len(metrics["epoch_seconds"]) == epochs
     assert metrics["img_per_sec"] > 0 and metrics["final_accuracy"] == metrics["test_accuracy"][-1]
     assert metrics["global_batch"] == SMOKE_BATCH * world_size
+    assert metrics["peak_lr"] == pytest.approx(SMOKE_LR * world_size)  # the linear scaling rule
     if lab == "baseline":
         return
+    # The run's rate is the sum of what each rank timed, not rank 0's alone.
+    assert metrics["img_per_sec"] == pytest.approx(sum(r["img_per_sec"] for r in record["ranks"]))
+    assert len({r["params_sha256"] for r in record["ranks"]}) == 1
     assert {name: check["passed"] for name, check in record["checks"].items()} == dict.fromkeys(DISTRIBUTED_CHECKS,
                                                                                                  True)
     assert [r["rank"] for r in record["ranks"]] == list(range(world_size))
@@ -150,8 +157,9 @@ def run_in_process(lab: str, argv: list[str], capsys) -> tuple[int, str]:
     ("baseline", ["--smoke", "--dataset", "cifar10", "--data-dir", "{tmp}"], "distlab data --data-dir"),
     ("baseline", ["--smoke", "--batch-size", "30", "--accumulate", "4"], "not divisible by --accumulate 4"),
     ("baseline", ["--smoke", "--train-size", "16"], "cannot fill one global batch of 32"),
-    ("ddp", ["--smoke", "--sync-bn", "--device", "cpu"], "SyncBatchNorm refuses CPU modules"),
+    ("baseline", ["--smoke", "--synthetic-noise", "-1"], "--synthetic-noise must be a number from 0"),
     ("ddp", ["--smoke", "--fault", "crash:rank=0"], "expected KIND:rank=R:step=S with KIND one of crash, hang, skip"),
+    ("ddp", ["--smoke", "--backend", "nccl", "--device", "cpu"], "backend nccl needs GPUs"),
 ])
 def test_bad_input_stops_with_one_line(capsys, tmp_path, lab, argv, expected):
     code, stderr = run_in_process(lab, [arg.format(tmp=tmp_path) for arg in argv], capsys)
@@ -174,11 +182,53 @@ def test_a_checkpoint_of_another_model_is_refused_and_kept(capsys, tmp_path):
     assert validate(json.loads(record.read_text()))["status"] == "failed"
 
 
-def test_bench_train_runs_every_kind_and_reports_the_three_ratios(tmp_path):
+def test_bench_train_runs_every_kind_and_reports_the_four_ratios(tmp_path):
     out = tmp_path / "bench.json"
     assert bench_train.main(["--device", "cpu", "--steps", "4", "--repeats", "1", "--batch-size", "8",
                              "--threads", "1", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert set(result["img_per_sec"]) == {"in-memory loop", "baseline", "ddp, world size 1", "horovod, world size 1"}
-    assert [ratio["target"] for ratio in result["ratios"]] == [0.90, 0.95, 0.95]
-    assert all(ratio["value"] > 0 for ratio in result["ratios"])
+    assert set(result["img_per_sec"]) == {"in-memory loop", "baseline", "ddp, world size 1",
+                                          "ddp, world size 1, observed", "horovod, world size 1"}
+    assert [ratio["target"] for ratio in result["ratios"]] == [0.90, 0.95, 0.95, 0.97]  # as labs/TRAINING.md states
+    best = result["best"]
+    for ratio, (numerator, denominator) in zip(result["ratios"], [("baseline", "in-memory loop"),
+                                                                  ("ddp, world size 1", "baseline"),
+                                                                  ("horovod, world size 1", "baseline"),
+                                                                  ("ddp, world size 1, observed",
+                                                                   "ddp, world size 1")], strict=True):
+        assert best[numerator] == max(result["img_per_sec"][numerator]) > 0
+        assert ratio["value"] == pytest.approx(best[numerator] / best[denominator])
+        assert ratio["met"] is (ratio["value"] >= ratio["target"])
+
+
+def functions(lab: str) -> tuple[str, dict[str, ast.FunctionDef]]:
+    source = (REPO / "labs" / lab / "train.py").read_text()
+    return source, {node.name: node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
+
+
+def calls(lab: str, function: str) -> list[str]:
+    """What one function of labs/<lab>/train.py calls, in the order the calls appear in the file."""
+    source, defined = functions(lab)
+    found = sorted((node for node in ast.walk(defined[function]) if isinstance(node, ast.Call)),
+                   key=lambda call: (call.lineno, call.col_offset))
+    return [ast.get_source_segment(source, call.func) for call in found]
+
+
+@pytest.mark.parametrize(("lab", "steps"), [
+    # pytorch/examples' multigpu_torchrun.py, step for step.
+    ("ddp", ["torch.cuda.set_device", "dist.init_process_group", "DistributedSampler", "DDP", "sampler.set_epoch",
+             "training.save_checkpoint", "dist.barrier", "dist.destroy_process_group"]),
+    # Horovod's examples/pytorch/pytorch_mnist.py, step for step.
+    ("horovod", ["hvd.init", "torch.cuda.set_device", "hvd.DistributedOptimizer", "hvd.broadcast_parameters",
+                 "hvd.broadcast_optimizer_state", "DistributedSampler", "sampler.set_epoch",
+                 "training.save_checkpoint", "hvd.barrier", "hvd.shutdown"]),
+])
+def test_a_distributed_lab_takes_every_step_in_its_own_file(lab, steps):
+    # Each step where a student reads it (labs/TRAINING.md), in the tutorials' order, and the same
+    # functions as the baseline in the same order, so that diffing the two shows what distribution adds.
+    made = calls(lab, "main")
+    missing = [step for step in steps if step not in made]
+    assert not missing, f"labs/{lab}/train.py main() does not call {missing}"
+    assert sorted(steps, key=made.index) == steps
+    assert list(functions(lab)[1]) == list(functions("baseline")[1])
+

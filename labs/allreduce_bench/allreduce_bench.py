@@ -16,7 +16,6 @@ from the same table as labs/collectives (primitives.py), so what is timed is wha
 """
 
 import argparse
-import re
 import time
 from pathlib import Path
 
@@ -36,21 +35,14 @@ from labs.collectives.primitives import (
     unsupported,
 )
 from labs.common.comm import ALL_BACKENDS, Comm, connect
-from labs.common.contract import add_contract_args, detect_topology, lab_run, say
+from labs.common.contract import add_contract_args, lab_run
+from labs.common.sizes import parse_size
+from labs.common.topology import detect_topology, say
 
 MIN_BYTES, MAX_BYTES, STEP_FACTOR = "8", "64M", 2  # nccl-tests' usual sweep, cut at 64M so CPUs finish in seconds
 WARMUP_ITERS, ITERS = 5, 20  # warm-up pays for connection set-up and first-touch page faults
 SMOKE = {"min_bytes": 1024, "max_bytes": 64 * 1024, "step_factor": 4, "warmup_iters": 1, "iters": 2}
 PLOT_NAME = "busbw.png"
-UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}  # binary, as nccl-tests reads -b/-e
-
-
-def parse_size(text: str) -> int:
-    """8, 1K, 8M, 1G (also 8MB, 8MiB): bytes."""
-    match = re.fullmatch(r"(\d+)\s*([KMG]?)(I?B)?", text.strip().upper())
-    if not match:
-        raise argparse.ArgumentTypeError(f"size {text!r} is not a number of bytes like 8, 1K, 8M or 1G")
-    return int(match[1]) * UNITS[match[2]]
 
 
 def sizes_between(min_bytes: int, max_bytes: int, step_factor: int) -> list[int]:

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from labs.common import training
-from labs.common.contract import add_contract_args, detect_topology, lab_run, say
+from labs.common.contract import add_contract_args, lab_run
+from labs.common.topology import detect_topology, say
 
 
 def parse_args(argv=None):

@@ -18,7 +18,8 @@ import time
 import torch
 
 from labs.common.comm import ALL_BACKENDS, connect
-from labs.common.contract import add_contract_args, detect_topology, lab_run, say
+from labs.common.contract import add_contract_args, lab_run
+from labs.common.topology import detect_topology, say
 
 ELEMENTS = 1 << 20  # 4 MiB of float32: large enough to cross several network packets
 

@@ -34,7 +34,8 @@ from labs.collectives.primitives import (
     unsupported,
 )
 from labs.common.comm import ALL_BACKENDS, Comm, connect
-from labs.common.contract import Topology, add_contract_args, detect_topology, lab_run, say
+from labs.common.contract import add_contract_args, lab_run
+from labs.common.topology import Topology, detect_topology, say
 
 SHOW_MAX_WORLD = 4  # teaching mode is on by default up to this many ranks...
 SHOW_MAX_COUNT = 16  # ...and tensors of up to this many elements: beyond that the printout stops being readable

@@ -13,10 +13,9 @@ from typing import Any
 
 import torch
 
-from labs.common.contract import Topology, horovod_stall_timeouts, init_torch_distributed
-
-TORCH_BACKENDS = ("gloo", "nccl")
-ALL_BACKENDS = ("gloo", "nccl", "mpi", "horovod")
+from labs.common.backends import ALL_BACKENDS, TORCH_BACKENDS
+from labs.common.process_group import horovod_stall_timeouts, init_torch_distributed
+from labs.common.topology import Topology
 
 
 @dataclass

@@ -1,8 +1,9 @@
-"""What the three training labs share: flags, data, model, schedule, timing, checkpoints, checks.
+"""What the three training labs share: flags, data, model, schedule, timing, checkpoints.
 
 labs/baseline/train.py, labs/ddp/train.py and labs/horovod/train.py keep only what differs between
 one device, DDP and Horovod; everything here is the same for all three, so that diffing two labs
-shows exactly what distribution adds.
+shows exactly what distribution adds. The end-of-run checks of the distributed labs are in
+labs/common/replicas.py, the injected faults in labs/common/faults.py.
 
 Data: CIFAR-10 in its own pickle format (fetched once by `distlab data`, or staged by hand), or a
 synthetic set of the same shape whose labels really depend on the images, so accuracy means
@@ -44,7 +45,7 @@ CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 CROP_PADDING = 4  # pixels added on each side before the random 32x32 crop (the standard CIFAR augmentation)
 SYNTHETIC_SEED = 1234  # fixed: like a real data set, the synthetic images do not change with --seed
 SYNTHETIC_WAVES = 2  # plane waves per class texture
-SYNTHETIC_NOISE = 1.5  # pixel noise, in units of one wave's mean amplitude
+SYNTHETIC_NOISE = 1.5  # pixel noise, in units of one wave's mean amplitude (--synthetic-noise)
 TIMING_WARMUP_STEPS = 3  # first steps of a run left out of img_per_sec: allocator, cuDNN autotuning, workers
 CHECKPOINT_FORMAT = "distlab-train-checkpoint"
 DEFAULT_DATA_DIR = Path(os.environ.get("DISTLAB_DATA_DIR", "data"))
@@ -71,6 +72,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                       help="where CIFAR-10 is staged (env DISTLAB_DATA_DIR; default ./data)")
     data.add_argument("--train-size", type=int, help="training images used (default: all 50000; 256 with --smoke)")
     data.add_argument("--test-size", type=int, help="test images used (default: all 10000; 128 with --smoke)")
+    data.add_argument("--synthetic-noise", type=float, default=SYNTHETIC_NOISE,
+                      help=f"pixel noise of the synthetic set (default {SYNTHETIC_NOISE}: hard; less is easier)")
     data.add_argument("--no-augment", dest="augment", action="store_false",
                       help="no random crop or flip (runs become comparable sample for sample)")
     data.add_argument("--workers", type=int, help="DataLoader worker processes (default: 4 on GPU, 0 on CPU)")
@@ -142,6 +145,8 @@ def resolve_training_args(parser: argparse.ArgumentParser, args: argparse.Namesp
     if args.batch_size % args.accumulate:
         parser.error(f"--batch-size {args.batch_size} is not divisible by --accumulate {args.accumulate}; "
                      "each micro-batch must hold the same number of images")
+    if not 0 <= args.synthetic_noise < 100:
+        parser.error("--synthetic-noise must be a number from 0 (no noise) up, like the default 1.5")
     if args.workers < 0 or args.warmup_epochs < 0 or args.lr <= 0:
         parser.error("--workers and --warmup-epochs must be >= 0, --lr > 0")
     if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
@@ -217,12 +222,13 @@ def augment(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     return torch.where(flip[:, None, None, None], images.flip(-1), images)
 
 
-def synthetic_cifar10(train_size: int, test_size: int) -> tuple[torch.Tensor, ...]:
+def synthetic_cifar10(train_size: int, test_size: int, noise: float = SYNTHETIC_NOISE) -> tuple[torch.Tensor, ...]:
     """A learnable stand-in for CIFAR-10: same shape, 10 classes, the label decided by the image.
 
     Each class is a texture: a sum of SYNTHETIC_WAVES coloured plane waves, each with the class's
     own spatial frequency and orientation. A sample shows its class's waves at random phases and
-    amplitudes under strong pixel noise. Random phases average any single pixel out, so a linear
+    amplitudes under pixel noise (`noise`: the default is strong; less noise, an easier set, is what
+    the CPU grade uses to learn in a minute). Random phases average any single pixel out, so a linear
     model on pixels is near chance; a network must learn oriented frequency detectors (what the
     first layers of a CNN do), and it takes a few epochs to.
     Returns train_images, train_labels, test_images, test_labels (uint8 NCHW, int64).
@@ -245,7 +251,7 @@ def synthetic_cifar10(train_size: int, test_size: int) -> tuple[torch.Tensor, ..
             waves = amplitude * torch.cos(wave_x[label][..., None, None] * x + wave_y[label][..., None, None] * y
                                           + phase)
             pixels = torch.einsum("nwhv,nwc->nchv", waves, colour[label])
-            pixels += SYNTHETIC_NOISE * torch.randn(len(label), *IMAGE_SHAPE, generator=generator)
+            pixels += noise * torch.randn(len(label), *IMAGE_SHAPE, generator=generator)
             chunks.append((128 + 40 * pixels).round().clamp(0, 255).to(torch.uint8))
         return torch.cat(chunks), labels
 
@@ -310,7 +316,8 @@ def load_datasets(args: argparse.Namespace) -> tuple[ImageSet, ImageSet]:
     if args.dataset == "cifar10":
         train_images, train_labels, test_images, test_labels = read_cifar10(args.data_dir)
     else:
-        train_images, train_labels, test_images, test_labels = synthetic_cifar10(args.train_size, args.test_size)
+        train_images, train_labels, test_images, test_labels = synthetic_cifar10(args.train_size, args.test_size,
+                                                                                 args.synthetic_noise)
     return (ImageSet(train_images[:args.train_size], train_labels[:args.train_size], args.augment, args.seed),
             ImageSet(test_images[:args.test_size], test_labels[:args.test_size], augment=False))
 
@@ -401,9 +408,10 @@ def model_tag(args: argparse.Namespace) -> str:
 
 
 def pick_device(args: argparse.Namespace, local_rank: int = 0) -> torch.device:
+    """This process's device: GPU local_rank with --device cuda (the distributed labs then make it the
+    current device themselves, torch.cuda.set_device), else the CPU."""
     if args.device == "cuda":
         device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
         # cuDNN picks the fastest convolution algorithm for these fixed shapes on the first steps.
         torch.backends.cudnn.benchmark = True
         return device
@@ -629,137 +637,3 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimiz
         raise SystemExit(f"error: {path} does not fit this model ({first_line}); point --checkpoint at another") \
             from None
     return state["epoch"], state["step"], History(**state["history"])
-
-
-# ------------------------------------------------------------------------ checks of distributed runs
-
-
-def params_digest(model: nn.Module) -> str:
-    """sha256 of every parameter's bytes, in a fixed order: equal digests mean bitwise equal models.
-
-    Parameters only: BatchNorm's running statistics are buffers that each rank updates from its
-    own last batch, so they legitimately differ at the end.
-    """
-    digest = hashlib.sha256()
-    for name, param in model.named_parameters():
-        digest.update(name.encode())
-        digest.update(param.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def order_fingerprint(indices: Sequence[int]) -> dict[str, Any]:
-    data = torch.as_tensor(list(indices), dtype=torch.int64).numpy().tobytes()
-    return {"count": len(indices), "sha256": hashlib.sha256(data).hexdigest()}
-
-
-def replica_report(rank: int, model: nn.Module, orders: list[list[int]], clock: TrainClock,
-                   device: torch.device) -> dict[str, Any]:
-    """What one rank of a data-parallel run tells rank 0 at the end, for check_replicas."""
-    return {"rank": rank, "device": str(device), "params_sha256": params_digest(model),
-            "img_per_sec": clock.img_per_sec, "orders": orders}
-
-
-def check_replicas(record: Any, reports: list[dict[str, Any]], train_images: int, global_batch: int,
-                   first_epoch: int) -> float | None:
-    """The end-of-run checks of a data-parallel run, from every rank's replica_report.
-
-    reports[rank]["orders"][e] lists the sample indices that rank trained on in epoch first_epoch + e,
-    in order. Writes the checks, the per-rank details and, per epoch and rank, a fingerprint of the
-    sample order (count and sha256), so a grader can compare orders from the record alone.
-    Returns the whole run's img_per_sec: the sum of the ranks' own rates.
-    """
-    orders = [report.pop("orders") for report in reports]
-    record.ranks = reports
-    digests = {report["params_sha256"] for report in reports}
-    record.check("params_identical", len(digests) == 1, distinct_digests=len(digests), world_size=len(reports))
-
-    epochs = len(orders[0])
-    record.metrics["sample_order"] = [
-        {"epoch": first_epoch + e, "ranks": [order_fingerprint(rank_orders[e]) for rank_orders in orders]}
-        for e in range(epochs)]
-    repeated, covered = [], []
-    for e in range(epochs):
-        listed = sum(len(rank_orders[e]) for rank_orders in orders)
-        distinct = len(set().union(*(rank_orders[e] for rank_orders in orders)))
-        repeated.append(listed - distinct)  # 0 when no sample was trained on twice in the epoch
-        covered.append(distinct)
-    record.check("shards_disjoint", all(r == 0 for r in repeated), repeated_samples_per_epoch=repeated)
-    # Only whole global batches are trained on (drop_last): fewer than one global batch is left out.
-    expected = train_images // global_batch * global_batch
-    record.check("shards_cover", all(c == expected for c in covered), distinct_samples_per_epoch=covered,
-                 expected=expected, train_images=train_images)
-    if epochs >= 2:  # with one epoch there is nothing to compare, and no check is claimed
-        repeating = [rank for rank, rank_orders in enumerate(orders)
-                     if any(rank_orders[e] == rank_orders[e - 1] for e in range(1, epochs))]
-        record.check("order_changes_per_epoch", not repeating, epochs_compared=epochs,
-                     ranks_repeating_an_order=repeating)
-    rates = [report["img_per_sec"] for report in reports]
-    return sum(rates) if all(rates) else None
-
-
-# ---------------------------------------------------------------------------------------------- faults
-
-
-FAULT_KINDS = {
-    "crash": "rank R exits at once (code 3) after step S",
-    "hang": "rank R sleeps forever after step S",
-    "skip": "rank R leaves step S's gradient all-reduce out; its peers wait in it",
-}
-
-
-def add_fault_arg(group: argparse._ArgumentGroup) -> None:
-    kinds = "; ".join(f"{kind}:rank=R:step=S: {what}" for kind, what in FAULT_KINDS.items())
-    group.add_argument("--fault", type=parse_fault, help=f"inject a failure (labs/README.md, fault tolerance): {kinds}")
-
-
-class Fault(str):
-    """A --fault spec: one of FAULT_KINDS, on one rank at one global optimizer step.
-
-    A str, so the record's config shows the spec as given; kind, rank and step are its parsed parts.
-    """
-
-    kind: str
-    rank: int
-    step: int
-    fired: bool = False
-
-
-def _fires(fault: Fault | None, kinds: tuple[str, ...], rank: int, step: int) -> bool:
-    # An injected fault happens once: a rank restarted by torchrun --max-restarts runs clean.
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
-        return False
-    if fault is None or fault.fired or fault.kind not in kinds or rank != fault.rank or step != fault.step:
-        return False
-    fault.fired = True
-    print(f"fault: {fault.kind} on rank {rank} at step {step}", flush=True)
-    return True
-
-
-def fault_point(fault: Fault | None, rank: int, step: int) -> None:
-    """Called after every optimizer step: a crash or hang fault fires when its rank reaches its step."""
-    if not _fires(fault, ("crash", "hang"), rank, step):
-        return
-    if fault.kind == "crash":
-        os._exit(3)  # no cleanup, no exception handlers: as abrupt as a killed process
-    while True:
-        time.sleep(3600)
-
-
-def skips_collective(fault: Fault | None, rank: int, step: int) -> bool:
-    """Called before every optimizer step: whether this rank leaves the step's all-reduce out."""
-    return _fires(fault, ("skip",), rank, step)
-
-
-def parse_fault(spec: str) -> Fault:
-    """argparse type for --fault: KIND:rank=R:step=S, KIND one of FAULT_KINDS."""
-    fault = Fault(spec)
-    fault.kind, *fields = spec.split(":")
-    try:
-        values = dict(field.split("=", 1) for field in fields)
-        fault.rank, fault.step = int(values.pop("rank")), int(values.pop("step"))
-    except (ValueError, KeyError):
-        values, fault.rank, fault.step = {}, -1, 0
-    if fault.kind not in FAULT_KINDS or values or fault.rank < 0 or fault.step < 1:
-        raise argparse.ArgumentTypeError(f"{spec!r}: expected KIND:rank=R:step=S with KIND one of "
-                                         f"{', '.join(FAULT_KINDS)} (R >= 0, S >= 1: the global optimizer step)")
-    return fault

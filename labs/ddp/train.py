@@ -14,6 +14,7 @@ import argparse
 import os
 import time
 from contextlib import nullcontext
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -21,8 +22,10 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from labs.common import training
-from labs.common.contract import add_contract_args, detect_topology, init_torch_distributed, lab_run, say
+from labs.common import faults, process_group, replicas, training
+from labs.common.batchnorm import convert_to_global_batchnorm
+from labs.common.contract import add_contract_args, lab_run
+from labs.common.topology import detect_topology, say
 
 
 def parse_args(argv=None):
@@ -35,8 +38,9 @@ def parse_args(argv=None):
                      help="DDP all-reduces gradients in buckets of about this size as backward fills them: "
                           "smaller starts communication sooner, larger makes fewer, more efficient calls")
     ddp.add_argument("--sync-bn", action="store_true",
-                     help="BatchNorm statistics over the global batch, not each rank's (GPU only)")
-    training.add_fault_arg(ddp)
+                     help="BatchNorm statistics over the global batch, not each rank's (SyncBatchNorm on GPUs, "
+                          "labs/common/batchnorm.py on CPUs)")
+    faults.add_fault_arg(ddp)
     args = parser.parse_args(argv)
     training.resolve_training_args(parser, args)
     return args
@@ -52,13 +56,14 @@ def train_one_epoch(model, loader, optimizer, schedule, precision, clock, args, 
         order += indices.tolist()
         images, labels = training.to_device(images, labels, device, args.channels_last)
         micro_batches = zip(images.chunk(args.accumulate), labels.chunk(args.accumulate), strict=True)
-        # --fault skip: this rank leaves the step's all-reduce out, as a bug in a rank's control flow would.
-        skip = training.skips_collective(args.fault, rank, schedule.last_epoch + 1)
+        # FAULT INJECTION (--fault skip): on its rank and step, every micro-batch runs inside no_sync,
+        # so this rank leaves the step's all-reduce out, as a bug in a rank's control flow would.
+        micro_batches = faults.skip_all_reduce(args.fault, rank, schedule.last_epoch + 1, micro_batches, model.no_sync)
         for i, (micro_images, micro_labels) in enumerate(micro_batches):
             # DDP all-reduces gradients during every backward. When accumulating, only the last
             # micro-batch needs it: no_sync lets the others just add to the local gradients, so K
             # micro-batches cost one all-reduce, not K. Forward and backward both belong inside.
-            with nullcontext() if i == args.accumulate - 1 and not skip else model.no_sync():
+            with model.no_sync() if i < args.accumulate - 1 else nullcontext():
                 with precision.autocast():
                     loss = F.cross_entropy(model(micro_images), micro_labels) / args.accumulate
                 precision.scaler.scale(loss).backward()
@@ -68,7 +73,7 @@ def train_one_epoch(model, loader, optimizer, schedule, precision, clock, args, 
         optimizer.zero_grad()
         schedule.step()
         clock.step(len(labels))
-        training.fault_point(args.fault, rank, schedule.last_epoch)
+        faults.fault_point(args.fault, rank, schedule.last_epoch)  # FAULT INJECTION (--fault crash or hang)
     return loss_sum / len(loader), order
 
 
@@ -88,11 +93,24 @@ def main(argv=None):
     with lab_run("ddp", args, topology) as record:
         # One process per device: local rank i drives GPU i on its node.
         device = training.pick_device(args, topology.local_rank)
-        if args.sync_bn and device.type != "cuda":
-            raise SystemExit("error: --sync-bn needs GPUs: torch's SyncBatchNorm refuses CPU modules; "
-                             "drop --sync-bn on CPU")
-        # The process group: rank, world size and the rendezvous address come from torchrun's env.
-        init_torch_distributed(args.backend, topology, args.timeout)
+        if args.backend == "nccl" and device.type != "cuda":
+            raise SystemExit("error: backend nccl needs GPUs and this run has none (none visible, or --device cpu); "
+                             "use --backend gloo")
+        if device.type == "cuda":
+            # Before anything touches CUDA: NCCL's communicators, and every tensor made without a
+            # device, would otherwise all go to GPU 0, from every process of the node.
+            torch.cuda.set_device(device)
+        # The process group. Rank and world size come from the launcher's environment, the
+        # rendezvous address from MASTER_ADDR/MASTER_PORT (torchrun sets them). The timeout turns a
+        # dead or stuck peer into an error in the collective that waits for it after --timeout
+        # seconds, instead of a silent wait of torch's default (10 minutes for NCCL, 30 for Gloo).
+        timeout = timedelta(seconds=args.timeout)
+        # On one host rank 0 serves the rendezvous store from loopback only (None on several hosts:
+        # torch's own, from MASTER_ADDR); see labs/README.md, "Who am I".
+        store = process_group.loopback_store(topology, timeout)
+        # device_id binds NCCL's communicators to this rank's GPU at once; Gloo takes none.
+        dist.init_process_group(args.backend, store=store, rank=topology.rank, world_size=topology.world_size,
+                                timeout=timeout, device_id=device if args.backend == "nccl" else None)
         torch.manual_seed(args.seed)
         train_set, test_set = training.load_datasets(args)
         global_batch = args.batch_size * topology.world_size
@@ -107,7 +125,9 @@ def main(argv=None):
         if args.sync_bn:
             # Small per-GPU batches give noisy BatchNorm statistics; SyncBatchNorm computes them over
             # the global batch, at the cost of an all-reduce in every BatchNorm layer of the forward.
-            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            # torch's refuses CPU modules: on CPUs the same idea in a few lines (labs/common/batchnorm.py).
+            model = (torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) if device.type == "cuda"
+                     else convert_to_global_batchnorm(model))
         if args.channels_last:
             model = model.to(memory_format=torch.channels_last)
         optimizer = training.make_optimizer(model, lr, args)
@@ -122,12 +142,6 @@ def main(argv=None):
             first_epoch, step, history = training.load_checkpoint(args.checkpoint, model, optimizer, device,
                                                                   args, global_batch)
         schedule = training.make_schedule(optimizer, steps, args, step)
-        # DDP broadcasts rank 0's parameters and buffers, so every replica starts equal, and from
-        # then on averages the gradients in buckets while backward is still running.
-        # gradient_as_bucket_view: the gradients live in the buckets, saving a copy of every
-        # gradient into and out of them at each step, and the memory of a second copy.
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                    bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)
 
         # Each rank trains on its own 1/world_size of every epoch's permutation; the shared seed makes
         # all ranks draw the same permutation, so the shards are disjoint. drop_last: trim the
@@ -139,6 +153,12 @@ def main(argv=None):
         # shards with repeated images and count them twice.
         test_shard = range(topology.rank, len(test_set), topology.world_size)
         test_batches = training.test_loader(test_set, 4 * args.batch_size, args, test_shard)
+        # DDP broadcasts rank 0's parameters and buffers, so every replica starts equal, and from
+        # then on averages the gradients in buckets while backward is still running.
+        # gradient_as_bucket_view: the gradients live in the buckets, saving a copy of every
+        # gradient into and out of them at each step, and the memory of a second copy.
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                    bucket_cap_mb=args.bucket_cap_mb, gradient_as_bucket_view=True)
         say(topology, f"ddp: {args.dataset} {len(train_set)}/{len(test_set)} images, {args.stem} stem, "
                       f"{device}, {args.precision}, batch {global_batch}, lr {lr:g}, {steps} steps/epoch, "
                       f"world size {topology.world_size}, {args.backend}")
@@ -172,11 +192,13 @@ def main(argv=None):
 
         # Every rank sends its parameters' digest and sample order; rank 0 checks them for the record.
         reports = [None] * topology.world_size
-        mine = training.replica_report(topology.rank, model.module, orders, clock, device)
+        mine = replicas.replica_report(topology.rank, model.module, orders, clock, device)
         dist.all_gather_object(reports, mine)
-        img_per_sec = training.check_replicas(record, reports, len(train_set), global_batch, first_epoch)
+        img_per_sec = replicas.check_replicas(record, reports, len(train_set), global_batch, first_epoch)
         training.report(record, history, clock, args, lr, global_batch, img_per_sec)
         say(topology, f"ddp: {img_per_sec or 0:.0f} img/s, final accuracy {history.test_accuracy[-1]:.4f}")
+        # Leave the process group on every rank: it closes the connections and stops the backend's
+        # threads in order, where an exit without it can hang or warn (NCCL does).
         dist.destroy_process_group()
 
 

@@ -18,8 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data.distributed import DistributedSampler
 
-from labs.common import training
-from labs.common.contract import add_contract_args, detect_topology, horovod_stall_timeouts, lab_run, say
+from labs.common import faults, process_group, replicas, training
+from labs.common.batchnorm import convert_to_global_batchnorm, replace_batchnorm
+from labs.common.contract import add_contract_args, lab_run
+from labs.common.topology import detect_topology, say
 
 
 def parse_args(argv=None):
@@ -29,7 +31,10 @@ def parse_args(argv=None):
     horovod = parser.add_argument_group("Horovod")
     horovod.add_argument("--fp16-allreduce", action="store_true",
                          help="send gradients as fp16: half the bytes on the wire, slightly less precise")
-    training.add_fault_arg(horovod)
+    horovod.add_argument("--sync-bn", action="store_true",
+                         help="BatchNorm statistics over the global batch, not each rank's (hvd.SyncBatchNorm on "
+                              "GPUs, labs/common/batchnorm.py with hvd.allreduce on CPUs)")
+    faults.add_fault_arg(horovod)
     args = parser.parse_args(argv)
     training.resolve_training_args(parser, args)
     return args
@@ -42,9 +47,9 @@ def train_one_epoch(model, loader, optimizer, schedule, precision, clock, args, 
     loss_sum = torch.zeros((), device=device)  # summed on the device: no GPU sync at every step
     order = []  # this rank's samples, in order: the end-of-run checks compare them across ranks
     for images, labels, indices in loader:
-        # --fault skip: Horovod starts the all-reduces from backward's hooks, so leaving them out,
-        # as a bug in a rank's control flow would, means leaving this rank's whole step out.
-        if training.skips_collective(args.fault, rank, schedule.last_epoch + 1):
+        # FAULT INJECTION (--fault skip): Horovod starts the all-reduces from backward's hooks, so leaving
+        # them out, as a bug in a rank's control flow would, means leaving this rank's whole step out.
+        if faults.skips_collective(args.fault, rank, schedule.last_epoch + 1):
             continue
         order += indices.tolist()
         images, labels = training.to_device(images, labels, device, args.channels_last)
@@ -63,7 +68,7 @@ def train_one_epoch(model, loader, optimizer, schedule, precision, clock, args, 
         optimizer.zero_grad()
         schedule.step()
         clock.step(len(labels))
-        training.fault_point(args.fault, rank, schedule.last_epoch)
+        faults.fault_point(args.fault, rank, schedule.last_epoch)  # FAULT INJECTION (--fault crash or hang)
     return loss_sum / len(loader), order
 
 
@@ -83,10 +88,14 @@ def main(argv=None):
     with lab_run("horovod", args, topology) as record:
         # Join the other processes: through horovodrun's Gloo rendezvous, or MPI under mpirun. A rank
         # that stops taking part is reported, and the job shut down, after --timeout.
-        horovod_stall_timeouts(args.timeout)
+        process_group.horovod_stall_timeouts(args.timeout)
         hvd.init()
         # One process per device: local rank i drives GPU i on its node.
         device = training.pick_device(args, hvd.local_rank())
+        if device.type == "cuda":
+            # Pin this process to its GPU: every CUDA call that names no device, Horovod's own
+            # included, would otherwise go to GPU 0, from every process of the node.
+            torch.cuda.set_device(device)
         torch.manual_seed(args.seed)
         train_set, test_set = training.load_datasets(args)
         global_batch = args.batch_size * hvd.size()
@@ -98,6 +107,12 @@ def main(argv=None):
         lr = args.lr * hvd.size()
 
         model = training.build_model(args.stem).to(device)
+        if args.sync_bn:
+            # Small per-rank batches give noisy BatchNorm statistics: compute them over the global
+            # batch, one all-reduce per BatchNorm layer. Horovod's SyncBatchNorm runs on GPUs only.
+            model = (replace_batchnorm(model, lambda bn: hvd.SyncBatchNorm(bn.num_features, bn.eps, bn.momentum))
+                     if device.type == "cuda" else
+                     convert_to_global_batchnorm(model, lambda stats: hvd.allreduce(stats, op=hvd.Sum)))
         if args.channels_last:
             model = model.to(memory_format=torch.channels_last)
         optimizer = training.make_optimizer(model, lr, args)
@@ -161,10 +176,12 @@ def main(argv=None):
             say(topology, training.epoch_line(epoch, args, history))
 
         # Every rank sends its parameters' digest and sample order; rank 0 checks them for the record.
-        reports = hvd.allgather_object(training.replica_report(hvd.rank(), model, orders, clock, device))
-        img_per_sec = training.check_replicas(record, reports, len(train_set), global_batch, first_epoch)
+        reports = hvd.allgather_object(replicas.replica_report(hvd.rank(), model, orders, clock, device))
+        img_per_sec = replicas.check_replicas(record, reports, len(train_set), global_batch, first_epoch)
         training.report(record, history, clock, args, lr, global_batch, img_per_sec)
         say(topology, f"horovod: {img_per_sec or 0:.0f} img/s, final accuracy {history.test_accuracy[-1]:.4f}")
+        # Leave Horovod on every rank: its background thread stops and the controller (Gloo or MPI)
+        # closes in order, where an exit without it can hang the peers still talking to this rank.
         hvd.shutdown()
 
 

@@ -32,8 +32,10 @@ import torch
 import torch.nn.functional as F
 
 from labs.common.comm import connect
-from labs.common.contract import add_contract_args, detect_topology, lab_run, say
-from labs.common.training import CLASSES, IMAGE_SHAPE, build_model, make_precision, params_digest
+from labs.common.contract import add_contract_args, lab_run
+from labs.common.replicas import params_digest
+from labs.common.topology import detect_topology, say
+from labs.common.training import CLASSES, IMAGE_SHAPE, build_model, make_precision
 
 # Defaults a flag takes when it is not given; SMOKE runs in seconds on a CPU (tests use it).
 FULL = {

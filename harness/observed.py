@@ -1,0 +1,340 @@
+"""The data-parallel checks, computed by the harness from what its observer saw on every rank.
+
+A lab's record says which of its own checks passed; that is the program's word. The observer
+(harness/observer) sits in every rank and writes what torch itself did there: the process group,
+every sample index the data loaders handed out, the optimizer steps, every torch.save and the
+final state of the trained model. `checks` judges the run from that alone, and `compare_claims`
+turns each claim of the record that the observations contradict into a failed check.
+
+No torch here: the grader reads JSON only (harness/evaluate.py loads the weights, in a subprocess).
+
+The rules, per check:
+
+- process_group: every rank of the expected world size left observations, initialised a process
+  group (torch.distributed, or Horovod's hvd.init) whose backend and world size are the expected
+  ones, and reported its own rank. Backend "none" expects one process and no group.
+- Training epochs: a rank's passes over a data loader during which its optimizer stepped, in
+  order; passes without a step (evaluation) are not training. Epoch e is every rank's e-th.
+- shards_disjoint: in every training epoch no sample index was fetched twice, by two ranks or by
+  one. (DistributedSampler's padding, drop_last=False with a dataset that does not divide by the
+  world size, repeats samples and fails this: the labs trim instead.)
+- shards_cover: in every training epoch the ranks together fetched at least N - (G - 1) distinct
+  indices of the N in the training set, G the global batch (the sum of the ranks' largest batch):
+  drop_last can trim fewer than world_size samples in the sampler and fewer than one batch per
+  rank in the loader, together at most G - 1. N is train_set_size when the harness knows it, else
+  the length of the dataset the loader read (the same on every rank, or the check fails).
+- order_changes_per_epoch: no rank fetched the same sequence of samples in two consecutive
+  training epochs (a DistributedSampler without set_epoch repeats its permutation). With fewer
+  than two training epochs there is nothing to compare: the check is not applicable, which
+  counts as passed (`applicable` is False and the detail says so; a grader shows it as n/a).
+- replicas_identical: every rank's final parameters are bitwise equal (one digest). Buffers are
+  reported, not required: DDP broadcasts rank 0's buffers before each forward and every rank then
+  updates BatchNorm's running statistics from its own batch, so after the last step they differ
+  in a correct run (measured: the ddp lab's two ranks end with equal parameters, different buffers).
+- one_writer_per_checkpoint: no file (the path a torch.save ended up at, following a rename) was
+  saved by more than one rank.
+- optimizer_steps_equal: every rank took the same number of optimizer steps.
+- observer: the observer itself ran without an error on every rank and all its files were readable.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+OBSERVATIONS_SCHEMA = "distlab-observations"
+WEIGHTS_FILE = "final_weights.pt"
+# The record's claims (labs/common/replicas.py writes them) and the observed check that answers each.
+CLAIMS = {
+    "params_identical": "replicas_identical",
+    "replicas_identical": "replicas_identical",
+    "shards_disjoint": "shards_disjoint",
+    "shards_cover": "shards_cover",
+    "order_changes_per_epoch": "order_changes_per_epoch",
+    "set_epoch": "order_changes_per_epoch",
+    "one_writer_per_checkpoint": "one_writer_per_checkpoint",
+    "optimizer_steps_equal": "optimizer_steps_equal",
+    "process_group": "process_group",
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str  # one line: what the harness saw
+    applicable: bool = True  # False: nothing to judge (passed is then True, the detail says why)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "detail": self.detail, "applicable": self.applicable}
+
+
+@dataclass(frozen=True)
+class LoaderPass:
+    loader: int
+    dataset_len: int | None
+    sampler: str
+    batches: int
+    steps: int
+    batch_sizes: list[int]
+    indices: list[int]
+
+
+@dataclass
+class RankObservation:
+    rank: int
+    process_groups: list[dict[str, Any]]
+    optimizer_steps: int
+    passes: list[LoaderPass]
+    saves: list[dict[str, Any]]
+    model: dict[str, Any] | None
+    errors: list[str]
+
+    @property
+    def training_epochs(self) -> list[LoaderPass]:
+        return [p for p in self.passes if p.steps > 0]
+
+
+@dataclass
+class Observations:
+    directory: Path
+    ranks: dict[int, RankObservation] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # unreadable files, the observer's own errors
+
+    @property
+    def weights(self) -> Path:
+        return self.directory / WEIGHTS_FILE
+
+
+def load(observe_dir: Path | str) -> Observations:
+    """Every rank.<r>.json the observer wrote under observe_dir, and its error files."""
+    directory = Path(observe_dir)
+    observations = Observations(directory)
+    for path in sorted(directory.glob("rank.*.json")):
+        try:
+            data = json.loads(path.read_text())
+            if data.get("schema") != OBSERVATIONS_SCHEMA:
+                raise ValueError(f"schema {data.get('schema')!r}")
+            rank = int(data["rank"])
+            observations.ranks[rank] = RankObservation(
+                rank=rank, process_groups=data["process_groups"], optimizer_steps=int(data["optimizer_steps"]),
+                passes=[LoaderPass(p["loader"], p["dataset_len"], p["sampler"], p["batches"], p["steps"],
+                                   p["batch_sizes"], p["indices"]) for p in data["loader_passes"]],
+                saves=data["saves"], model=data["model"], errors=data["errors"])
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            observations.problems.append(f"{path.name} unreadable ({type(error).__name__}: {error})")
+    for path in sorted(directory.glob("observer-errors.*.txt")):
+        first = path.read_text(errors="replace").splitlines()[:1]
+        observations.problems.append(f"observer error in {path.name}: {first[0] if first else '?'}")
+    return observations
+
+
+def checks(observations: Observations, expected_backend: str, expected_world_size: int,
+           train_set_size: int | None = None) -> list[Check]:
+    """Every data-parallel check, judged from the observations alone."""
+    ranks = [observations.ranks[r] for r in sorted(observations.ranks)]
+    return [
+        check_process_group(observations, expected_backend, expected_world_size),
+        *check_shards(ranks, train_set_size),
+        check_order_changes(ranks),
+        check_replicas(ranks),
+        check_one_writer(ranks),
+        check_steps(ranks),
+        check_observer(observations),
+    ]
+
+
+def compare_claims(record: dict[str, Any] | None, observed: list[Check], measured_accuracy: float | None = None,
+                   accuracy_tolerance: float = 1e-6) -> list[Check]:
+    """A failed check for each claim of the record that the harness observed to be false.
+
+    A claim is a check the record says passed; the observed check it names (CLAIMS) failed. With
+    measured_accuracy (harness/evaluate.py), the record's final_accuracy is a claim too.
+    """
+    by_name = {check.name: check for check in observed}
+    contradicted = []
+    for claim, info in sorted(((record or {}).get("checks") or {}).items()):
+        check = by_name.get(CLAIMS.get(claim, ""))
+        if isinstance(info, dict) and info.get("passed") is True and check is not None and not check.passed:
+            contradicted.append(Check(f"claim:{claim}", False, f"record claims {claim}, {check.detail}"))
+    claimed = ((record or {}).get("metrics") or {}).get("final_accuracy")
+    if measured_accuracy is not None and isinstance(claimed, (int, float)) \
+            and abs(claimed - measured_accuracy) > accuracy_tolerance:
+        contradicted.append(Check("claim:final_accuracy", False,
+                                  f"record claims final_accuracy {claimed:.6g}, harness measured "
+                                  f"{measured_accuracy:.6g} from rank 0's final weights"))
+    return contradicted
+
+
+# -------------------------------------------------------------------------------------------- checks
+
+
+def check_process_group(observations: Observations, backend: str, world_size: int) -> Check:
+    name = "process_group"
+    seen = observations.ranks
+    missing = [r for r in range(world_size) if r not in seen]
+    if backend == "none":
+        groups = [g for rank in seen.values() for g in rank.process_groups]
+        if groups or missing or len(seen) != 1:
+            return Check(name, False, f"expected one process and no process group; harness observed {len(seen)} "
+                                      f"process(es) and {len(groups)} group(s)")
+        return Check(name, True, "one process, no process group, as expected")
+    problems = []
+    if missing:
+        problems.append(f"rank {_join(missing)} left no observations (crashed or killed before exit?)")
+    extra = sorted(r for r in seen if r >= world_size)
+    if extra:
+        problems.append(f"rank {_join(extra)} is outside world size {world_size}")
+    for rank, observed in sorted(seen.items()):
+        if not observed.process_groups:
+            problems.append(f"rank {rank} never initialised a process group")
+            continue
+        group = observed.process_groups[-1]
+        if group["backend"] != backend or group["world_size"] != world_size:
+            problems.append(f"rank {rank} initialised backend {group['backend']} at world size {group['world_size']}")
+    if problems:
+        return Check(name, False, f"expected backend {backend} at world size {world_size}; harness observed: "
+                                  + "; ".join(problems))
+    return Check(name, True, f"all {world_size} ranks initialised backend {backend} at world size {world_size}")
+
+
+def _epochs(ranks: list[RankObservation]) -> tuple[int, str]:
+    """Training epochs every rank has, and a note when the ranks differ."""
+    counts = {r.rank: len(r.training_epochs) for r in ranks}
+    if len(set(counts.values())) > 1:
+        return min(counts.values()), " (ranks trained for different numbers of epochs: " + ", ".join(
+            f"rank {r} {n}" for r, n in counts.items()) + ")"
+    return (min(counts.values()) if counts else 0), ""
+
+
+def check_shards(ranks: list[RankObservation], train_set_size: int | None) -> list[Check]:
+    epochs, note = _epochs(ranks)
+    if not epochs:
+        why = "harness observed no training epoch (no loader pass with an optimizer step) on " + (
+            "any rank" if not ranks else "some rank")
+        return [Check("shards_disjoint", False, why), Check("shards_cover", False, why)]
+
+    overlaps, covers = [], []
+    for epoch in range(epochs):
+        passes = [(r.rank, r.training_epochs[epoch]) for r in ranks]
+        # Disjoint: every pair of ranks, and each rank with itself (a sample fetched twice).
+        for (a, pa), (b, pb) in combinations(passes, 2):
+            shared = len(set(pa.indices) & set(pb.indices))
+            if shared:
+                overlaps.append(f"ranks {a} and {b} both fetched {shared} of the same samples in epoch {epoch}")
+        for rank, p in passes:
+            repeated = len(p.indices) - len(set(p.indices))
+            if repeated:
+                overlaps.append(f"rank {rank} fetched {repeated} samples twice in epoch {epoch}")
+        # Cover.
+        sizes = {p.dataset_len for _, p in passes}
+        size = train_set_size if train_set_size is not None else (sizes.pop() if len(sizes) == 1 else None)
+        if size is None:
+            covers.append((epoch, None, f"the ranks read training sets of different lengths {sorted(sizes, key=str)}"))
+            continue
+        global_batch = sum(max(p.batch_sizes, default=0) for _, p in passes)
+        fetched = set().union(*(p.indices for _, p in passes))
+        outside = sum(1 for i in fetched if not 0 <= i < size)
+        distinct = len(fetched) - outside
+        required = size - (global_batch - 1)
+        covers.append((epoch, distinct >= required and not outside,
+                       f"{distinct} of {size} samples" + (f" and {outside} indices outside it" if outside else "")
+                       + f" (at least {required} required: {size} minus global batch {global_batch} less one)"))
+
+    disjoint = (Check("shards_disjoint", False, _first(overlaps) + note) if overlaps else
+                Check("shards_disjoint", True, f"no sample fetched twice in any of {epochs} training epoch(s) "
+                                               f"over {len(ranks)} rank(s){note}"))
+    failing = [(e, what) for e, ok, what in covers if not ok]
+    if failing:
+        epoch, what = failing[0]
+        more = f" (and {len(failing) - 1} more epoch(s))" if len(failing) > 1 else ""
+        cover = Check("shards_cover", False, f"harness observed epoch {epoch} covering {what}{more}{note}")
+    else:
+        cover = Check("shards_cover", True, f"every training epoch covered {covers[-1][2]}{note}")
+    return [disjoint, cover]
+
+
+def check_order_changes(ranks: list[RankObservation]) -> Check:
+    name = "order_changes_per_epoch"
+    epochs, note = _epochs(ranks)
+    if epochs < 2:
+        return Check(name, True, f"not applicable: {epochs} training epoch(s) observed, 2 or more needed to compare",
+                     applicable=False)
+    repeats = [f"rank {r.rank} trained in the same order in epochs {e - 1} and {e}"
+               for r in ranks for e in range(1, epochs)
+               if r.training_epochs[e].indices == r.training_epochs[e - 1].indices]
+    if repeats:
+        return Check(name, False, _first(repeats) + " (a sampler repeats its order when set_epoch is not called)"
+                     + note)
+    return Check(name, True, f"every rank's order changed between each of its {epochs} training epochs{note}")
+
+
+def check_replicas(ranks: list[RankObservation]) -> Check:
+    name = "replicas_identical"
+    without = [r.rank for r in ranks if not r.model]
+    if not ranks or without:
+        return Check(name, False, f"harness found no trained model on rank {_join(without) or '(none)'} "
+                                  "(no optimizer step, or the observer could not find the module)")
+    params = {r.model["params_sha256"] for r in ranks}
+    buffers = {r.model["buffers_sha256"] for r in ranks}
+    buffer_note = ("buffers equal" if len(buffers) == 1 else
+                   f"buffers differ ({len(buffers)} digests: each rank's running statistics, allowed)")
+    if len(params) > 1:
+        groups: dict[str, list[int]] = {}
+        for r in ranks:
+            groups.setdefault(r.model["params_sha256"], []).append(r.rank)
+        split = "; ".join(f"rank {_join(rs)}: {digest[:12]}" for digest, rs in groups.items())
+        return Check(name, False, f"harness observed {len(params)} distinct digests of the final parameters "
+                                  f"over {len(ranks)} ranks ({split})")
+    return Check(name, True, f"final parameters bitwise equal on all {len(ranks)} ranks "
+                             f"({next(iter(params))[:12]}); {buffer_note}")
+
+
+def check_one_writer(ranks: list[RankObservation]) -> Check:
+    name = "one_writer_per_checkpoint"
+    writers: dict[str, set[int]] = {}
+    for r in ranks:
+        for save in r.saves:
+            writers.setdefault(save["path"], set()).add(r.rank)
+    shared = {path: sorted(who) for path, who in writers.items() if len(who) > 1}
+    if shared:
+        path, who = next(iter(sorted(shared.items())))
+        more = f" (and {len(shared) - 1} more file(s))" if len(shared) > 1 else ""
+        return Check(name, False, f"ranks {_join(who, ' and ')} {'both' if len(who) == 2 else 'all'} saved "
+                                  f"{path}{more}")
+    if not writers:
+        return Check(name, True, "no rank saved anything with torch.save")
+    return Check(name, True, f"{len(writers)} file(s) saved, each by one rank ("
+                 + ", ".join(f"rank {next(iter(who))}: {Path(path).name}" for path, who in sorted(writers.items()))
+                 + ")")
+
+
+def check_steps(ranks: list[RankObservation]) -> Check:
+    name = "optimizer_steps_equal"
+    steps = {r.rank: r.optimizer_steps for r in ranks}
+    if not steps:
+        return Check(name, False, "harness observed no rank")
+    if len(set(steps.values())) > 1:
+        return Check(name, False, "harness observed " + ", ".join(f"rank {r} took {n} steps" for r, n in steps.items()))
+    return Check(name, True, f"every rank took {next(iter(steps.values()))} optimizer steps")
+
+
+def check_observer(observations: Observations) -> Check:
+    """The observer's own health: when it failed somewhere, the other checks may lack evidence."""
+    problems = observations.problems + [f"rank {r.rank}: {error}" for r in observations.ranks.values()
+                                        for error in r.errors]
+    if problems:
+        return Check("observer", False, _first(problems))
+    return Check("observer", True, f"observations complete from {len(observations.ranks)} rank(s)")
+
+
+def _first(items: list[str]) -> str:
+    return items[0] + (f" (and {len(items) - 1} more)" if len(items) > 1 else "")
+
+
+def _join(numbers: list[int], last: str = ", ") -> str:
+    words = [str(n) for n in numbers]
+    return last.join(words) if len(words) <= 2 else ", ".join(words[:-1]) + last + words[-1]

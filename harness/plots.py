@@ -1,0 +1,118 @@
+"""Every plot the harness draws, as PNG files beside the reports: one matplotlib setup for all.
+
+Grades: accuracy per epoch, throughput and efficiency per world size. Scaling studies: throughput
+(95% CI), speedup (with the Amdahl fit) and efficiency, each beside its ideal.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness.stats import amdahl_speedup, efficiency, mean_ci
+from harness.verdicts import Sample
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing to files only: servers and CI have no display."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def grade_plots(done: dict[tuple[str, int], list[Sample]], out: Path) -> list[Path]:
+    """Accuracy per epoch, throughput and efficiency per world size, for the labs that report them."""
+    plt = pyplot()
+    written = []
+    labs = sorted({lab for lab, _ in done})
+    curves = [(lab, ws, s.record["metrics"]["test_accuracy"]) for (lab, ws), samples in sorted(done.items())
+              for s in samples[:1] if s.record and isinstance(s.record.get("metrics", {}).get("test_accuracy"), list)]
+    if curves:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for lab, ws, accuracy in curves:
+            ax.plot(range(1, len(accuracy) + 1), accuracy, marker="o", label=f"{lab} ws={ws}")
+        ax.set(xlabel="epoch", ylabel="test accuracy", title="Accuracy per epoch")
+        ax.legend(fontsize="small")
+        written.append(save(fig, out / "accuracy.png"))
+    throughput: dict[str, dict[int, Any]] = {}
+    for (lab, ws), samples in done.items():
+        values = [s.record["metrics"]["img_per_sec"] for s in samples if s.status == "ok" and s.record
+                  and isinstance(s.record["metrics"].get("img_per_sec"), (int, float))]
+        if values:
+            throughput.setdefault(lab, {})[ws] = mean_ci([float(v) for v in values])
+    if throughput:
+        fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(10, 4))
+        for lab in labs:
+            if lab not in throughput:
+                continue
+            sizes = sorted(throughput[lab])
+            means = [throughput[lab][ws].mean for ws in sizes]
+            errors = [throughput[lab][ws].half_width for ws in sizes]
+            ax_t.errorbar(sizes, means, yerr=errors, marker="o", capsize=3, label=lab)
+            if 1 in throughput[lab]:
+                base = throughput[lab][1].mean
+                ax_e.plot(sizes, [efficiency(m, ws, base) for m, ws in zip(means, sizes, strict=True)],
+                          marker="o", label=lab)
+        ax_t.set(xlabel="world size", ylabel="images/s (total)", title="Throughput (95% CI)")
+        ax_e.axhline(1.0, color="grey", linestyle="--", label="ideal")
+        ax_e.set(xlabel="world size", ylabel="efficiency T(n)/(n T(1))", title="Scaling efficiency", ylim=(0, 1.2))
+        for ax in (ax_t, ax_e):
+            ax.legend(fontsize="small")
+        written.append(save(fig, out / "throughput.png"))
+    return written
+
+
+def save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+
+def scale_plots(summary: dict[str, Any], out: Path) -> list[Path]:
+    """Throughput (with its 95% CI), speedup (with the Amdahl fit) and efficiency against world size,
+    each beside its ideal: linear scaling from the baseline."""
+    rows = summary["rows"]
+    sizes = [r["world_size"] for r in rows]
+    base_size = sizes[0]
+    base = rows[0]["img_per_sec"]["mean"]
+    throughput = [r["img_per_sec"]["mean"] for r in rows]
+    errors = [(r["img_per_sec"]["ci95_high"] - r["img_per_sec"]["ci95_low"]) / 2 for r in rows]
+    fit = None
+    serial = summary["amdahl_serial_fraction"]
+    if serial is not None:
+        # A smooth curve between the measured sizes: the law's shape, not just its values where measured.
+        grid = [base_size + (sizes[-1] - base_size) * i / 50 for i in range(51)]
+        fit = (f"Amdahl, serial fraction {serial:.3f}", grid,
+               [amdahl_speedup(n, serial) / amdahl_speedup(base_size, serial) for n in grid])
+    title = f"{summary['lab']} ({summary['backend']}), {summary['mode']} scaling"
+    return [
+        plot(out / "throughput.png", sizes, throughput, [base * n / base_size for n in sizes],
+             "images/s, all ranks (95% CI)", f"Throughput: {title}", errors=errors),
+        plot(out / "speedup.png", sizes, [r["speedup"] for r in rows], [n / base_size for n in sizes],
+             f"speedup vs world size {base_size}", f"Speedup: {title}", fit=fit),
+        plot(out / "efficiency.png", sizes, [r["efficiency"] for r in rows], [1.0] * len(sizes),
+             "efficiency T(n) / (n T(1))" if base_size == 1 else f"efficiency vs world size {base_size}",
+             f"Efficiency: {title}"),
+    ]
+
+
+def plot(path: Path, sizes: list[int], measured: list[float], ideal: list[float], ylabel: str, title: str,
+         errors: list[float] | None = None, fit: tuple[str, list[float], list[float]] | None = None) -> Path:
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    ax.plot(sizes, ideal, color="grey", linestyle="--", label="ideal (linear)")
+    ax.errorbar(sizes, measured, yerr=errors, marker="o", capsize=3, label="measured")
+    if fit:
+        label, fit_sizes, fit_values = fit
+        ax.plot(fit_sizes, fit_values, color="tab:orange", linestyle=":", linewidth=2, label=label)
+    ax.set(xlabel="world size (ranks)", ylabel=ylabel, title=title, xticks=sizes)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize="small")
+    return save(fig, path)
+

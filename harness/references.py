@@ -1,0 +1,64 @@
+"""The plain loops a lab's throughput is measured against, in the same grade run on the same machine.
+
+Absolute img/s or GB/s never carry from one CPU to the next (machines of one kind differ up to 8x),
+but a ratio measured side by side does: the lab against the tightest loop of the same work, at the
+same threads. One row per reference; `distlab grade` runs a reference just before the first cell
+that needs it (runner.run_lab, like any lab) and compares each run of the cell with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.runner import RUN_DIR_PLACEHOLDER, RunRequest
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Reference:
+    name: str
+    program: Path
+    metric: str  # read from the reference's record, compared with the lab's throughput metric
+    # True: run like the lab (same world size, launcher, backend); False: one process at the lab's
+    # threads per rank, whose rate times the world size is the cell's compute limit.
+    same_world_size: bool
+    summary: str
+
+    def request(self, lab_request: RunRequest) -> RunRequest:
+        """The reference run for one cell of a lab: the lab's own arguments and threads."""
+        # The lab's own paths in its run directory (a checkpoint) mean nothing to the reference; left
+        # out, cells that differ only in them share one reference measurement. Nothing to observe.
+        args = _without_run_paths(lab_request.lab_args)
+        if self.same_world_size:
+            return dataclasses.replace(lab_request, lab=self.name, program=self.program, max_restarts=0,
+                                       lab_args=args, observe=False)
+        return RunRequest(lab=self.name, program=self.program, world_size=1, launcher="python", backend="none",
+                          lab_args=args, threads=lab_request.threads, timeout_s=lab_request.timeout_s,
+                          results_root=lab_request.results_root, observe=False)
+
+    def scale(self, world_size: int) -> int:
+        """How many reference runs the cell's ranks amount to."""
+        return 1 if self.same_world_size else world_size
+
+
+def _without_run_paths(args: list[str]) -> list[str]:
+    """The arguments less every `--flag VALUE` (or `--flag=VALUE`) whose value names the run directory."""
+    kept: list[str] = []
+    for arg in args:
+        if RUN_DIR_PLACEHOLDER in arg:
+            if kept and kept[-1].startswith("-") and "=" not in kept[-1]:
+                kept.pop()  # its flag
+            continue
+        kept.append(arg)
+    return kept
+
+
+REFERENCES = {reference.name: reference for reference in [
+    Reference("train_loop", HERE / "train_loop.py", "img_per_sec", same_world_size=False,
+              summary="forward, backward and step on one resident batch: the lab's model, batch and threads"),
+    Reference("plain_allreduce", HERE / "plain_allreduce.py", "avg_busbw_gbps", same_world_size=True,
+              summary="the bare library all-reduce in a timed loop, same sizes, ranks and backend"),
+]}

@@ -1,0 +1,214 @@
+"""Verdicts: what the grader concludes from a lab's runs, one row per comparison.
+
+Pure functions of the samples and the profile: measured, expected, pass/fail and why. Per run: the
+record's own correctness checks, the checks the profile requires, metric bands and the time budget.
+Across world sizes: accuracy within a delta of world size 1 (the LR scaling rule should keep it),
+and scaling efficiency T(n) / (n T(1)).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from harness.console import fmt
+from harness.profiles import Band, LabExpectation, Profile
+from harness.stats import efficiency as scaling_efficiency
+from harness.stats import mean_ci
+
+
+@dataclass(frozen=True)
+class Verdict:
+    lab: str
+    world_size: int | None  # None: a check across world sizes
+    check: str
+    measured: str
+    expected: str
+    passed: bool | None  # None: not applicable here (said why in detail)
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Sample:
+    """One run as the grader sees it: the harness's account, the lab's record (its claims), and what
+    the harness observed and measured of the run itself."""
+
+    run_dir: str
+    status: str
+    reason: str | None
+    wall_seconds: float
+    record: dict[str, Any] | None
+    observed: list[dict[str, Any]] = field(default_factory=list)  # harness/observed.py checks, as dicts
+    measured: dict[str, float] = field(default_factory=dict)  # metrics the harness measured (final_accuracy)
+    measure_error: str | None = None  # why a measurement could not be made
+
+
+def metric(record: dict[str, Any] | None, name: str) -> float | None:
+    value = (record or {}).get("metrics", {}).get(name)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def sample_metric(sample: Sample, name: str) -> float | None:
+    """The harness's own measurement where it made or tried one (None if it failed: the program's
+    claim never stands in for it), else the program's record."""
+    return sample.measured[name] if name in sample.measured else metric(sample.record, name)
+
+
+def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample],
+                 reference: float | None = None) -> Verdict:
+    """One metric of one cell against its band. `reference`: the cell's reference rate, measured in
+    the same grade (None when the band needs none, or when the reference failed).
+
+    Throughput (absolute or as a ratio) is judged on the median over the runs: a slow outlier cannot
+    fail a healthy program, noise cannot pass a slow one (no interval is used), and more repeats
+    only bring the median closer to the true rate, so the rule gets stricter with them, not looser.
+    """
+    values = [sample_metric(s, band.metric) for s in samples]
+    expected = band.describe(world_size)
+    if any(v is None for v in values):
+        unmeasured = [s.measure_error for s in samples if band.metric in s.measured and s.measure_error]
+        return Verdict(lab, world_size, band.metric, "missing", expected, False,
+                       f"the harness could not measure it: {unmeasured[0]}" if unmeasured else
+                       f"the record lacks metrics.{band.metric} (a number); see labs/README.md")
+    if band.at_least_ratio:
+        if world_size not in band.at_least_ratio:
+            return Verdict(lab, world_size, f"{band.metric}_ratio", "-", expected, None,
+                           f"the profile has no expectation for world size {world_size}")
+        if not reference:
+            return Verdict(lab, world_size, f"{band.metric}_ratio", "-", expected, False,
+                           "the reference loop did not run successfully, so throughput could not be judged")
+        ratios = [v / reference for v in values]  # type: ignore[operator]
+        median = statistics.median(ratios)
+        return Verdict(lab, world_size, f"{band.metric}_ratio", f"{median:.3f}", expected,
+                       median >= band.at_least_ratio[world_size],
+                       f"median of {len(ratios)} run(s): {statistics.median(values):.4g} {band.metric} against "
+                       f"the reference's {reference:.4g}, measured in this grade on this machine")
+    if band.expected:
+        if world_size not in band.expected:
+            return Verdict(lab, world_size, band.metric, fmt(mean_ci(values).mean), expected, None,
+                           f"the profile has no expectation for world size {world_size}")
+        median = statistics.median(values)
+        threshold = band.at_least_fraction * band.expected[world_size]
+        return Verdict(lab, world_size, band.metric, fmt(median), expected, median >= threshold,
+                       f"threshold {threshold:.4g}; median of {len(values)} run(s), 95% CI {mean_ci(values)}")
+    mean = mean_ci(values).mean
+    if band.value is not None:
+        passed = abs(mean - band.value) <= band.tolerance
+    else:
+        passed = (band.min is None or mean >= band.min) and (band.max is None or mean <= band.max)
+    how = [f"mean of {len(values)} run(s)"] if len(values) > 1 else []
+    if any(band.metric in s.measured for s in samples):
+        claimed = [metric(s.record, band.metric) for s in samples]
+        how.append("measured by the harness from rank 0's final weights; the program reported "
+                   + ", ".join("-" if c is None else f"{c:.4g}" for c in claimed))
+    return Verdict(lab, world_size, band.metric, fmt(mean), expected, passed, "; ".join(how))
+
+
+def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
+                  reference: float | None = None) -> list[Verdict]:
+    """Everything checked on the runs of one lab at one world size (`reference`: see band_verdict)."""
+    lab = exp.lab
+    failed = [s for s in samples if s.status != "ok"]
+    verdicts = [Verdict(lab, world_size, "run", f"{len(samples) - len(failed)}/{len(samples)} ok",
+                        "all ok", not failed, failed[0].reason or "" if failed else "")]
+    for name in exp.required_checks:
+        missing = [s for s in samples if name not in ((s.record or {}).get("checks") or {})]
+        bad = [s for s in samples if not ((s.record or {}).get("checks") or {}).get(name, {}).get("passed", False)]
+        if missing:
+            verdicts.append(Verdict(lab, world_size, f"check:{name}", "missing", "passed", False,
+                                    f"the record has no check '{name}' (required for this lab)"))
+        else:
+            detail = {k: v for k, v in samples[0].record["checks"][name].items() if k != "passed"} if bad else ""
+            verdicts.append(Verdict(lab, world_size, f"check:{name}", "passed" if not bad else "FAILED", "passed",
+                                    not bad, str(detail) if detail else ""))
+    verdicts += observed_verdicts(lab, world_size, samples)
+    slowest = max(s.wall_seconds for s in samples)
+    verdicts.append(Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s",
+                            slowest <= exp.time_budget_s, "slowest run's wall time"))
+    ok_samples = [s for s in samples if s.status == "ok"]
+    for band in exp.bands:
+        if not ok_samples:
+            verdicts.append(Verdict(lab, world_size, band.metric, "-", band.describe(world_size), False,
+                                    "no successful run to measure"))
+        else:
+            verdicts.append(band_verdict(lab, world_size, band, ok_samples, reference))
+    return verdicts
+
+
+def observed_verdicts(lab: str, world_size: int, samples: list[Sample]) -> list[Verdict]:
+    """One verdict per check the harness computed from its observations (harness/observed.py), over
+    the runs of a cell: failed if it failed in any run; a claim of the record that the observations
+    contradict is a failed verdict of its own ("claim:...")."""
+    verdicts = []
+    for name in dict.fromkeys(check["name"] for s in samples for check in s.observed):
+        found = [check for s in samples for check in s.observed if check["name"] == name]
+        failing = [check for check in found if not check["passed"]]
+        label = name if name.startswith("claim:") else f"observed:{name}"
+        if failing:
+            verdicts.append(Verdict(lab, world_size, label, "FAILED", "passed", False, failing[0]["detail"]))
+        elif not any(check.get("applicable", True) for check in found):
+            verdicts.append(Verdict(lab, world_size, label, "n/a", "passed", None, found[0]["detail"]))
+        else:
+            verdicts.append(Verdict(lab, world_size, label, "passed", "passed", True, found[0]["detail"]))
+    return verdicts
+
+
+def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]],
+                    accuracy_base: list[Sample] | None = None) -> list[Verdict]:
+    """Accuracy invariance and throughput scaling, both against world size 1. `accuracy_base`: the
+    world-size-1 runs that accuracy is compared with when they are another row's (accuracy_reference)."""
+    verdicts: list[Verdict] = []
+    ok = {ws: [s for s in samples if s.status == "ok"] for ws, samples in cells.items()}
+    base_runs = [s for s in (accuracy_base if accuracy_base is not None else cells.get(1, [])) if s.status == "ok"]
+
+    def mean_of(ws: int, name: str, runs: list[Sample] | None = None) -> float | None:
+        values = [sample_metric(s, name) for s in (runs if runs is not None else ok.get(ws, []))]
+        return None if not values or None in values else mean_ci(values).mean  # type: ignore[arg-type]
+
+    for ws in sorted(cells):
+        if ws == 1:
+            continue
+        if exp.accuracy_delta is not None:
+            base, here = mean_of(1, exp.accuracy_metric, base_runs), mean_of(ws, exp.accuracy_metric)
+            if base is None or here is None:
+                verdicts.append(Verdict(exp.lab, ws, "accuracy_vs_ws1", "-", f"within {exp.accuracy_delta:g}",
+                                        None, "needs successful runs with final accuracy at world sizes 1 and "
+                                              f"{ws}"))
+            else:
+                compared = f"{exp.accuracy_metric} {here:.3f} at {ws} vs {base:.3f} at 1" + (
+                    f" ({exp.accuracy_reference})" if exp.accuracy_reference else "")
+                verdicts.append(Verdict(exp.lab, ws, "accuracy_vs_ws1", f"{here - base:+.3f}",
+                                        f"within ±{exp.accuracy_delta:g}",
+                                        None if exp.lesson else abs(here - base) <= exp.accuracy_delta,
+                                        f"lesson: {exp.lesson} {compared}" if exp.lesson else compared))
+        if ws in exp.efficiency_min:
+            base, here = mean_of(1, exp.throughput_metric), mean_of(ws, exp.throughput_metric)
+            if not base or here is None:
+                verdicts.append(Verdict(exp.lab, ws, "efficiency", "-", f">= {exp.efficiency_min[ws]:g}", None,
+                                        f"needs {exp.throughput_metric} at world sizes 1 and {ws}"))
+            else:
+                efficiency = scaling_efficiency(here, ws, base)
+                verdicts.append(Verdict(exp.lab, ws, "efficiency", f"{efficiency:.3f}",
+                                        f">= {exp.efficiency_min[ws]:g}", efficiency >= exp.efficiency_min[ws],
+                                        f"T({ws}) / ({ws} T(1)) with T = {exp.throughput_metric}"))
+    return verdicts
+
+
+def evaluate(profile: Profile, labs: list[str], done: dict[tuple[str, int], list[Sample]],
+             references: dict[tuple[str, int], float | None] | None = None) -> list[Verdict]:
+    """Every verdict of a grade: each cell's, then each lab's across world sizes. `references`: each
+    cell's reference rate (grade.reference_rates), for the labs whose throughput is a ratio."""
+    verdicts = []
+    references = references or {}
+    for lab in labs:
+        exp = profile.labs[lab]
+        cells = {ws: samples for (name, ws), samples in done.items() if name == lab}
+        for ws in sorted(cells):
+            verdicts += evaluate_cell(exp, ws, cells[ws], references.get((lab, ws)))
+        base = done.get((exp.accuracy_reference, 1)) if exp.accuracy_reference else None
+        verdicts += evaluate_across(exp, cells, base)
+    return verdicts

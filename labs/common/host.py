@@ -1,0 +1,69 @@
+"""Facts about the host that both the labs and the harness need, defined once.
+
+Only the standard library at import time: the harness imports this without torch, and
+torch is imported lazily where a GPU question needs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name: machines of one kind differ up to 8x in speed, so records name it."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def gpu_count() -> int:
+    """GPUs this process can use (CUDA_VISIBLE_DEVICES applies); 0 without torch or CUDA."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def gpus() -> dict[str, Any]:
+    """Count, models and driver of the visible GPUs, for provenance."""
+    count = gpu_count()
+    if not count:
+        return {"count": 0, "models": [], "driver": None}
+    import torch
+
+    driver = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        driver = out.stdout.splitlines()[0].strip() if out.returncode == 0 and out.stdout else None
+    return {"count": count, "models": [torch.cuda.get_device_name(i) for i in range(count)], "driver": driver}
+
+
+def git_commit(where: Path = REPO) -> str | None:
+    """The commit the code ran from: DISTLAB_GIT_COMMIT when the harness passed it on (ranks may run
+    in a copy without .git, e.g. a container), else asked of git; None outside a checkout."""
+    if os.environ.get("DISTLAB_GIT_COMMIT"):
+        return os.environ["DISTLAB_GIT_COMMIT"]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5)
+        if out.returncode == 0:
+            return out.stdout.strip()
+    return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` right now (the OS picks it), for a store or rendezvous to bind."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,134 @@
+"""The grader against wrong programs: each classic mistake fails, with its reason named; correct
+programs pass, the DDP lab itself and one written from scratch that keeps only the contract.
+
+Every mutant is labs/ddp/train.py with one change, graded through `distlab grade --program ROW=PATH`
+in one grade (one row per mutant, all sharing one reference measurement), against the shipped
+profile's own expectations for ddp: the grader is tested as it grades students.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+import tomli_w
+from conftest import run_distlab
+
+from harness.profiles import tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+LAB = (REPO / "labs/ddp/train.py").read_text()
+SAMPLER = ("sampler = DistributedSampler(train_set, num_replicas=topology.world_size, rank=topology.rank,")
+NO_SYNC = "with model.no_sync() if i < args.accumulate - 1 else nullcontext():"
+RANK0_SAVES = "if topology.is_rank0:  # the replicas are identical: one writer is enough"
+CHECKS = "img_per_sec = replicas.check_replicas(record, reports, len(train_set), global_batch, first_epoch)"
+REPORT = "training.report(record, history, clock, args, lr, global_batch, img_per_sec)"
+STEP_START = "        order += indices.tolist()\n"
+STEP_END = "        clock.step(len(labels))\n"
+DATA = "train_set, test_set = training.load_datasets(args)"
+
+# row -> (the one change, as (old, new) pairs; the verdict that must fail; words its detail must hold)
+MUTANTS = {
+    "no-sampler": ([(SAMPLER, SAMPLER.replace("num_replicas=topology.world_size, rank=topology.rank",
+                                              "num_replicas=1, rank=0"))],
+                   "observed:shards_disjoint", "both fetched"),
+    "no-set-epoch": ([("sampler.set_epoch(epoch)", "pass")], "observed:order_changes_per_epoch", "same order"),
+    "no-sync": ([(NO_SYNC, "with model.no_sync():")], "observed:replicas_identical", "distinct digests"),
+    "every-rank-saves": ([(RANK0_SAVES, "if True:")], "observed:one_writer_per_checkpoint", "both saved"),
+    # No gradient all-reduce, and a record that says all is well: the claim is caught.
+    "lies-in-record": ([(NO_SYNC, "with model.no_sync():"),
+                        (CHECKS, CHECKS + "\n        record.status, record.reason = 'ok', None\n"
+                                 "        record.checks['params_identical']['passed'] = True")],
+                       "claim:params_identical", "record claims params_identical"),
+    "claims-accuracy": ([(REPORT, REPORT + "\n        record.metrics['final_accuracy'] = 0.99")],
+                        "claim:final_accuracy", "harness measured"),
+    # Sleeps as long as each step took: half the throughput.
+    "twice-slower": ([(STEP_START, STEP_START + "        step_started = time.perf_counter()\n"),
+                      (STEP_END, "        time.sleep(time.perf_counter() - step_started)\n" + STEP_END)],
+                     "img_per_sec_ratio", "reference"),
+}
+
+
+def mutant(tmp_path: Path, name: str, changes: list[tuple[str, str]]) -> Path:
+    source = LAB
+    for old, new in changes:
+        assert source.count(old) == 1, f"{name}: the lab changed, {old!r} is not found once"
+        source = source.replace(old, new)
+    path = tmp_path / f"ddp_{name.replace('-', '_')}.py"
+    path.write_text(source)
+    return path
+
+
+def profile_of(tmp_path: Path, shipped: str, rows: list[str], world_size: int, **extra: dict) -> Path:
+    """A profile whose every row is the shipped profile's ddp row at one world size."""
+    data = tomllib.loads((REPO / "harness/profiles" / f"{shipped}.toml").read_text())
+    ddp = data["labs"]["ddp"]
+    data["name"] = "mutants"
+    data["auto_select"] = False
+    data["labs"] = {row: {**ddp, "lab": "ddp", "world_sizes": [world_size]} for row in rows}
+    for row, table in extra.items():
+        data["labs"][row] = table
+    path = tmp_path / "mutants.toml"
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def grade(tmp_path: Path, profile: Path, programs: dict[str, Path], timeout: float) -> dict:
+    done = run_distlab(["grade", "--profile", str(profile), "--results", str(tmp_path / "results"),
+                        *(arg for row, path in programs.items() for arg in ("--program", f"{row}={path}"))],
+                       timeout=timeout)
+    verdicts = json.loads(next((tmp_path / "results").glob("grade/*/verdicts.json")).read_text())
+    by_row: dict[str, dict] = {}
+    for v in verdicts:
+        by_row.setdefault(v["lab"], {})[v["check"]] = v
+    return {"returncode": done.returncode, "rows": by_row, "stdout": done.stdout}
+
+
+# Throughput and wall time are judged, but not asserted for the correct programs: this suite runs
+# two workers on two cores, so a correct run may be slowed by the other worker (benchmarks measure
+# speed, on a quiet machine). Everything else must pass.
+NOISY = ("img_per_sec_ratio", "efficiency", "time")
+
+
+@pytest.mark.integration
+def test_each_mistake_fails_with_its_reason_and_correct_programs_pass(tmp_path):
+    scratch = REPO / "tests/programs/ddp_program.py"  # from scratch: not one line of labs/
+    assert "import labs" not in scratch.read_text() and "from labs" not in scratch.read_text()
+    profile = profile_of(tmp_path, "cpu-smoke", ["ddp", *MUTANTS], 2, scratch={
+        "lab": "ddp", "world_sizes": [2], "args": ["--checkpoint", "{run_dir}/checkpoint.pt"], "time_budget_s": 300})
+    programs = {name: mutant(tmp_path, name, changes) for name, (changes, _, _) in MUTANTS.items()}
+    result = grade(tmp_path, profile, {**programs, "scratch": scratch}, timeout=1500)
+    rows = result["rows"]
+    assert result["returncode"] == 1, result["stdout"]  # the mutants fail the grade
+
+    for correct in ("ddp", "scratch"):
+        failed = {check: v["detail"] for check, v in rows[correct].items() if v["passed"] is False
+                  and check not in NOISY}
+        assert not failed, (correct, failed)
+        observed = [check for check in rows[correct] if check.startswith("observed:")]
+        assert {"observed:shards_disjoint", "observed:replicas_identical", "observed:one_writer_per_checkpoint",
+                "observed:process_group"} <= set(observed), (correct, observed)
+
+    for name, (_, check, words) in MUTANTS.items():
+        verdict = rows[name].get(check)
+        assert verdict is not None and verdict["passed"] is False, (name, check, rows[name])
+        assert words in verdict["detail"], (name, verdict)
+
+
+LEARNING_ROWS = ["ddp", "label-noise"]
+
+
+@pytest.mark.integration
+def test_a_program_that_learns_less_fails_on_the_accuracy_the_harness_measured(tmp_path):
+    # Every training label replaced by a random one: the run is as fast and as well-formed as the
+    # lab's, and its record tells the truth; only the accuracy of its weights gives it away.
+    noisy = mutant(tmp_path, "label-noise", [(DATA, DATA + "\n        train_set.labels = torch.randint("
+                                              "0, 10, train_set.labels.shape, generator=torch.Generator()"
+                                              ".manual_seed(7))")])
+    result = grade(tmp_path, profile_of(tmp_path, "cpu-grade", LEARNING_ROWS, 2), {"label-noise": noisy},
+                   timeout=1500)
+    rows = result["rows"]
+    assert rows["ddp"]["final_accuracy"]["passed"] is True, rows["ddp"]["final_accuracy"]
+    verdict = rows["label-noise"]["final_accuracy"]
+    assert verdict["passed"] is False, verdict
+    assert "measured by the harness" in verdict["detail"]
+    assert "claim:final_accuracy" not in rows["label-noise"]  # it reported its (low) accuracy honestly

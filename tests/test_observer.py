@@ -1,0 +1,243 @@
+"""The harness's observer and its checks: it must see what torch did on every rank, whatever the program says.
+
+Programs run through the real launchers (torchrun, horovodrun) with the environment the runner
+gives them: DISTLAB_OBSERVE_DIR, and harness/observer first on PYTHONPATH. One small DDP program,
+written from scratch (tests/programs/ddp_program.py), passes every check; each classic mistake made
+in it fails exactly its own check, named in the detail. The real ddp and horovod labs pass too, and
+a record that lies is caught.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import evaluate, observed
+
+REPO = Path(__file__).resolve().parents[1]
+OBSERVER = REPO / "harness" / "observer"
+PROGRAM = REPO / "tests" / "programs" / "ddp_program.py"
+BIN = Path(sys.executable).parent
+TIMEOUT_S = 300
+SMOKE_TRAIN_IMAGES = 256  # labs/common/training.py's SMOKE profile
+
+
+def observed_env(observe_dir: Path | None, **extra: str) -> dict[str, str]:
+    """The environment the runner gives every rank: the observer first on PYTHONPATH, then the repository."""
+    env = {k: v for k, v in os.environ.items() if k != "DISTLAB_OBSERVE_DIR"}
+    env.update({"PYTHONPATH": os.pathsep.join([str(OBSERVER), str(REPO)]), "OMP_NUM_THREADS": "1",
+                "PYTHONUNBUFFERED": "1", **extra})
+    if observe_dir is not None:
+        env["DISTLAB_OBSERVE_DIR"] = str(observe_dir)
+    return env
+
+
+def launch(command: list[str], observe_dir: Path | None, **extra: str) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(command, env=observed_env(observe_dir, **extra), cwd=REPO, capture_output=True, text=True,
+                          timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def torchrun(args: list[str], observe_dir: Path) -> subprocess.CompletedProcess[str]:
+    return launch([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", *args], observe_dir)
+
+
+def by_name(checks: list[observed.Check]) -> dict[str, observed.Check]:
+    return {check.name: check for check in checks}
+
+
+def failing(checks: list[observed.Check]) -> dict[str, str]:
+    return {check.name: check.detail for check in checks if not check.passed}
+
+
+# ----------------------------------------------------------------------------- the observer stays out of the way
+
+
+def test_inactive_without_observe_dir_and_lazy_about_torch(tmp_path):
+    # A library asking whether torch is installed (find_spec) neither imports it nor disarms the hooks.
+    probe = ("import importlib.util, sys; importlib.util.find_spec('torch'); "
+             "print('distlab_observer' in sys.modules, 'torch' in sys.modules, "
+             "'torch' in getattr(sys.meta_path[0], 'callbacks', {}))")
+    off = launch([sys.executable, "-c", probe], None)
+    assert off.stdout.split() == ["False", "False", "False"]  # nothing loaded at all
+    on = launch([sys.executable, "-c", probe], tmp_path / "observe")
+    assert on.stdout.split() == ["True", "False", "True"]  # armed, but torch is not imported for it
+    assert not (tmp_path / "observe").exists()  # a process that observed nothing writes nothing
+
+
+def test_chains_the_sitecustomize_it_shadows(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import os\nos.environ['OTHER_SITECUSTOMIZE_RAN'] = '1'\n")
+    probe = "import os, sys; print(os.environ.get('OTHER_SITECUSTOMIZE_RAN'), 'distlab_observer' in sys.modules)"
+    for observe_dir in (None, tmp_path / "observe"):
+        env_path = os.pathsep.join([str(OBSERVER), str(other), str(REPO)])
+        done = launch([sys.executable, "-c", probe], observe_dir, PYTHONPATH=env_path)
+        assert done.stdout.split() == ["1", str(observe_dir is not None)]
+
+
+def test_a_failing_observer_never_changes_the_program(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    script = ("import torch\n"
+              "m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+              "for x in torch.utils.data.DataLoader(torch.ones(8, 2), batch_size=4):\n"
+              "    m(x).sum().backward(); o.step()\n"
+              "print('trained', o.state_dict()['state'] == {})\n")
+    done = launch([sys.executable, "-c", script], blocker / "observe")  # cannot be created: a file is in the way
+    assert done.stdout == "trained True\n"
+    assert done.stderr == ""
+
+
+# --------------------------------------------------------------------------- a correct program and its mutations
+
+
+@pytest.fixture(scope="module")
+def program_runs(tmp_path_factory):
+    """run(mutation) -> (observations, checkpoint path): each variant launched once per module."""
+    done: dict[str | None, tuple[observed.Observations, Path]] = {}
+
+    def run(mutation: str | None) -> tuple[observed.Observations, Path]:
+        if mutation not in done:
+            where = tmp_path_factory.mktemp(mutation or "correct")
+            checkpoint = where / "checkpoint.pt"
+            torchrun([str(PROGRAM), "--checkpoint", str(checkpoint), *(["--mutation", mutation] if mutation else [])],
+                     where / "observe")
+            done[mutation] = observed.load(where / "observe"), checkpoint
+        return done[mutation]
+
+    return run
+
+
+@pytest.mark.integration
+def test_correct_program_passes_every_check(program_runs):
+    observations, checkpoint = program_runs(None)
+    checks = observed.checks(observations, "gloo", 2, train_set_size=512)
+    assert failing(checks) == {}
+    seen = by_name(checks)
+    assert seen["order_changes_per_epoch"].applicable
+    assert "512 of 512 samples" in seen["shards_cover"].detail
+    assert "every rank took 24 optimizer steps" in seen["optimizer_steps_equal"].detail  # 3 epochs x 8 steps
+    assert [s["path"] for s in observations.ranks[0].saves] == [str(checkpoint.resolve())] * 3
+    assert observations.ranks[1].saves == []
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("mutation", "check", "detail"), [
+    ("no-sampler", "shards_disjoint", "ranks 0 and 1 both fetched 512 of the same samples in epoch 0"),
+    ("no-set-epoch", "order_changes_per_epoch", "trained in the same order in epochs 0 and 1"),
+    ("no-sync", "replicas_identical", "harness observed 2 distinct digests of the final parameters"),
+    ("every-rank-saves", "one_writer_per_checkpoint", "ranks 0 and 1 both saved"),
+])
+def test_each_mistake_fails_its_own_check(program_runs, mutation, check, detail):
+    observations, _ = program_runs(mutation)
+    failed = failing(observed.checks(observations, "gloo", 2, train_set_size=512))
+    assert list(failed) == [check], failed
+    assert detail in failed[check]
+
+
+@pytest.mark.integration
+def test_lying_record_is_caught(program_runs):
+    """The program claims its replicas are identical; the harness saw two digests."""
+    observations, _ = program_runs("no-sync")
+    record = {"checks": {"params_identical": {"passed": True, "distinct_digests": 1},
+                         "shards_disjoint": {"passed": True}}}
+    claims = observed.compare_claims(record, observed.checks(observations, "gloo", 2))
+    assert [c.name for c in claims] == ["claim:params_identical"]
+    assert claims[0].detail.startswith("record claims params_identical, harness observed 2 distinct digests")
+    assert not claims[0].passed
+
+
+def test_order_check_not_applicable_with_one_epoch(tmp_path):
+    for rank in (0, 1):
+        (tmp_path / f"rank.{rank}.json").write_text(json.dumps({
+            "schema": "distlab-observations", "rank": rank, "optimizer_steps": 2, "saves": [], "model": None,
+            "errors": [], "process_groups": [{"api": "torch.distributed", "backend": "gloo", "world_size": 2,
+                                              "rank": rank}],
+            "loader_passes": [{"loader": 0, "dataset_len": 8, "sampler": "DistributedSampler", "batches": 2,
+                               "steps": 2, "batch_sizes": [2], "indices": [rank, rank + 2, rank + 4, rank + 6]}]}))
+    seen = by_name(observed.checks(observed.load(tmp_path), "gloo", 2))
+    order = seen["order_changes_per_epoch"]
+    assert (order.passed, order.applicable) == (True, False)
+    assert order.detail.startswith("not applicable")
+    assert seen["shards_disjoint"].passed and seen["shards_cover"].passed and seen["process_group"].passed
+    assert not seen["replicas_identical"].passed  # no model observed: nothing vouches for the replicas
+
+
+# ------------------------------------------------------------------------------------------------- the real labs
+
+
+@pytest.fixture(scope="module")
+def ddp_lab(tmp_path_factory):
+    where = tmp_path_factory.mktemp("ddp-lab")
+    lab_args = ["--backend", "gloo", "--record", str(where / "record.json"), "--smoke"]
+    torchrun([str(REPO / "labs" / "ddp" / "train.py"), *lab_args], where / "observe")
+    return where / "observe", lab_args, json.loads((where / "record.json").read_text())
+
+
+@pytest.mark.integration
+def test_ddp_lab_passes_every_observed_check(ddp_lab):
+    observe_dir, _, record = ddp_lab
+    checks = observed.checks(observed.load(observe_dir), "gloo", 2, train_set_size=SMOKE_TRAIN_IMAGES)
+    assert failing(checks) == {}
+    assert observed.compare_claims(record, checks) == []
+    # The lab's ranks end with equal parameters but their own BatchNorm statistics: allowed, and said.
+    assert "buffers differ" in by_name(checks)["replicas_identical"].detail
+
+
+@pytest.mark.integration
+def test_harness_measures_the_accuracy_itself(ddp_lab):
+    observe_dir, lab_args, record = ddp_lab
+    measured = evaluate.measure(observe_dir, lab_args, timeout_s=TIMEOUT_S)
+    assert measured["error"] is None, measured
+    assert measured["weights_sha256"] == measured["observed_sha256"]
+    assert measured["total"] == 128
+    claimed = record["metrics"]["final_accuracy"]
+    assert measured["accuracy"] == pytest.approx(claimed, abs=1e-6)
+    checks = observed.checks(observed.load(observe_dir), "gloo", 2)
+    assert observed.compare_claims(record, checks, measured_accuracy=measured["accuracy"]) == []
+
+    lying = copy.deepcopy(record)
+    lying["metrics"]["final_accuracy"] = 0.99
+    claims = observed.compare_claims(lying, checks, measured_accuracy=measured["accuracy"])
+    assert [c.name for c in claims] == ["claim:final_accuracy"]
+    assert f"harness measured {measured['accuracy']:.6g}" in claims[0].detail
+
+
+@pytest.mark.integration
+def test_tampered_weights_are_refused(ddp_lab, tmp_path):
+    observe_dir, lab_args, _ = ddp_lab
+    copied = tmp_path / "observe"
+    shutil.copytree(observe_dir, copied)
+    import torch  # the test may; the grader never does
+
+    state = torch.load(copied / evaluate.WEIGHTS_FILE, weights_only=True)
+    state["fc.bias"] += 1.0
+    torch.save(state, copied / evaluate.WEIGHTS_FILE)
+    result = evaluate.evaluate(copied, lab_args)  # in this process: torch is loaded already
+    assert result["accuracy"] is None
+    assert "not the state the observer saw on rank 0" in result["error"]
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not (BIN / "horovodrun").exists(), reason="Horovod is not installed in this environment")
+def test_horovod_lab_passes_every_observed_check(tmp_path):
+    lab_args = ["--backend", "horovod", "--record", str(tmp_path / "record.json"), "--smoke"]
+    launch([str(BIN / "horovodrun"), "--gloo", "-np", "2", "-H", "localhost:2", "--network-interface", "lo",
+            sys.executable, str(REPO / "labs" / "horovod" / "train.py"), *lab_args], tmp_path / "observe")
+    observations = observed.load(tmp_path / "observe")
+    checks = observed.checks(observations, "horovod", 2, train_set_size=SMOKE_TRAIN_IMAGES)
+    assert failing(checks) == {}
+    # Horovod's DistributedOptimizer.step calls the wrapped optimizer's: counted once, 2 epochs x 4 steps.
+    assert by_name(checks)["optimizer_steps_equal"].detail == "every rank took 8 optimizer steps"
+    assert {g["controller"] for r in observations.ranks.values() for g in r.process_groups} == {"gloo"}
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert observed.compare_claims(record, checks) == []

@@ -1,0 +1,117 @@
+"""`distlab plan` (harness/plan.py): its formula against the bytes the fsdp lab counts on real ranks,
+the lecture's 7B / 13B / 70B examples, and the bad inputs that must stop with one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import cli, plan
+
+REPO = Path(__file__).resolve().parent.parent
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+GB = 1e9
+
+
+def fsdp_lab(strategy: str, world_size: int, tmp_path: Path) -> dict:
+    record = tmp_path / "record.json"
+    command = [TORCHRUN, "--nnodes", "1", "--nproc-per-node", str(world_size), "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", str(tmp_path / "rendezvous"), "--rdzv-conf", "store_type=file",
+               "--local-addr", "127.0.0.1", str(REPO / "labs/fsdp/train.py"), "--backend", "gloo", "--smoke",
+               "--steps", "2", "--strategy", strategy, "--record", str(record)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=REPO,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(record.read_text())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("strategy", "world_size", "row"), [
+    ("ddp", 1, "DDP"),
+    ("fsdp", 2, "ZeRO-3/FSDP"),  # ZeRO-1 at world size 2 is checked in tests/test_parallelism.py
+])
+def test_the_formula_is_what_real_ranks_hold(tmp_path, strategy, world_size, row):
+    metrics = fsdp_lab(strategy, world_size, tmp_path)["metrics"]
+    states = plan.model_state_bytes(metrics["parameters"], world_size, "adam", "fp32")[row]
+    assert states["master"] == 0  # fp32 training: the parameters are the master copy
+    for rank in metrics["memory_measured_bytes_per_rank"]:
+        assert rank["param_bytes"] == pytest.approx(states["param"], rel=0.01)
+        assert rank["grad_bytes"] == pytest.approx(states["grad"], rel=0.01)
+        # ZeRO-1 gives whole tensors to ranks, so its optimizer split is only near even.
+        assert rank["optimizer_bytes"] == pytest.approx(states["optimizer"], rel=0.10 if row == "ZeRO-1" else 0.01)
+        assert rank["total_bytes"] == pytest.approx(sum(states.values()), rel=0.10)
+
+
+def test_7b_on_8_gpus_of_80gb_needs_zero(capsys):
+    assert cli.main(["plan", "--params", "7e9", "--gpus", "8", "--gpu-memory", "80GB", "--optimizer", "adam",
+                      "--precision", "bf16", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["bytes_per_param"] == {"param": 2, "grad": 2, "master": 4, "optimizer": 8}
+    totals = {r["strategy"]: r["total_bytes"] / GB for r in result["strategies"]}
+    # 16 bytes x 7e9 = 112 GB replicated; ZeRO-1: 4 x 7 + 12 x 7 / 8; ZeRO-2: 2 x 7 + 14 x 7 / 8; ZeRO-3: 112 / 8.
+    assert totals == pytest.approx({"DDP": 112.0, "ZeRO-1": 38.5, "ZeRO-2": 26.25, "ZeRO-3/FSDP": 14.0,
+                                    "tensor parallel": 14.0, "pipeline parallel": 14.0})
+    fits = {r["strategy"]: r["fits"] for r in result["strategies"]}
+    assert fits["DDP"] is False and fits["ZeRO-1"] is True
+    assert result["recommendation"]["strategy"] == "ZeRO-1"
+    assert "112.0 GB" in result["recommendation"]["reason"]
+
+
+@pytest.mark.parametrize(("params", "gpus", "expected"), [
+    ("1.3B", 8, "DDP"),  # 20.8 GB: a replica fits
+    ("13B", 8, "ZeRO-1"),  # 208 GB replicated; 26 + 156/8 = 45.5 GB
+    ("30B", 8, "ZeRO-3/FSDP"),  # ZeRO-2: 60 + 420/8 = 112.5 GB; ZeRO-3: 60 GB
+    ("70B", 8, "does not fit"),  # 1120 GB / 8 = 140 GB even fully sharded
+    ("70B", 32, "ZeRO-3/FSDP"),  # 35 GB
+])
+def test_the_recommendation_follows_the_model_size(params, gpus, expected):
+    result = plan.plan(plan.parameter_count(params), gpus, 80 * GB)
+    assert result["recommendation"]["strategy"] == expected
+
+
+def test_70b_on_8_gpus_says_how_many_it_needs():
+    result = plan.plan(70_000_000_000, 8, 80 * GB)
+    assert "use at least 16 GPUs" in result["recommendation"]["reason"]  # 1120 GB / 72 GB usable = 15.6
+
+
+def test_activations_are_estimated_only_when_asked(capsys):
+    assert cli.main(["plan", "--params", "7B", "--gpus", "8", "--gpu-memory", "80GB"]) == 0
+    assert "activations" not in capsys.readouterr().out.splitlines()[3]  # the table's header
+    result = plan.plan(7_000_000_000, 8, 80 * GB, seq_len=4096, batch=1, layers=32, hidden=4096)
+    ddp = result["strategies"][0]
+    assert ddp["activation_bytes"] == 34 * 4096 * 1 * 4096 * 32  # 18.3 GB
+    tensor = next(r for r in result["strategies"] if r["strategy"] == "tensor parallel")
+    assert tensor["activation_bytes"] == ddp["activation_bytes"] / 8
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--params=-7e9"], "argument --params: '-7e9' must be more than 0"),
+    (["--params", "7X"], "argument --params: unknown unit 'X' in '7X'"),
+    (["--gpu-memory", "80PB"], "argument --gpu-memory: unknown unit 'PB' in '80PB'"),
+    (["--gpus", "0"], "argument --gpus: 0 is less than 1"),
+    (["--optimizer", "lion"], "argument --optimizer: invalid choice: 'lion'"),
+    (["--seq-len", "4096"], "--seq-len and --batch go together"),
+], ids=["negative", "unit", "memory-unit", "no-gpus", "optimizer", "seq-len-alone"])
+def test_bad_values_get_one_line_and_exit_2(capsys, args, message):
+    base = {"--params": "7e9", "--gpus": "8", "--gpu-memory": "80GB"}
+    given = {a.split("=")[0] for a in args if a.startswith("--")}
+    argv = [x for k, v in base.items() if k not in given for x in (k, v)] + args
+    assert cli.main(["plan", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("distlab: error: ") and message in lines[0]
+
+
+def test_units_and_counts_are_read_as_written():
+    assert plan.parameter_count("7B") == plan.parameter_count("7e9") == 7_000_000_000
+    assert plan.parameter_count("125M") == 125_000_000
+    assert plan.memory_size("80GB") == plan.memory_size("80G") == plan.memory_size("80") == 80e9
+    assert plan.memory_size("80GiB") == 80 * 2**30
+    assert plan.memory_size("24576MiB") == 24 * 2**30
