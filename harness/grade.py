@@ -134,9 +134,10 @@ def observe(result: RunResult, exp: LabExpectation, request: RunRequest) -> Samp
     the checks computed from every rank's observations, the accuracy of rank 0's final weights
     measured on the test set, and every claim of the record that these contradict."""
     sample = sample_of(result)
-    if not LABS[exp.catalog_lab].data_parallel or not result.ok:
-        return sample
     observe_dir = result.run_dir / OBSERVE_DIR
+    # A run that failed is observed too: its own failed check is a claim, what the harness saw the fact.
+    if not LABS[exp.catalog_lab].data_parallel or not observe_dir.is_dir():
+        return sample
     lab_args = [arg.replace(RUN_DIR_PLACEHOLDER, str(result.run_dir)) for arg in request.lab_args]
     # Measured always, graded where the profile has an accuracy band: a claim is compared either way.
     measurement = evaluate.measure(observe_dir, lab_args, python=request.python)
