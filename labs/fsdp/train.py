@@ -16,6 +16,7 @@ writes its own part, and a run resumes them at any world size.
 """
 
 import argparse
+import gc
 import shutil
 import time
 from pathlib import Path
@@ -144,6 +145,11 @@ def main(argv=None):
         record.ranks = reports
         if topology.is_rank0:
             print_memory(topology, record, reports, args.strategy, world_size)
+        # DDP, ZeRO and FSDP hold the process group inside reference cycles. Collect them before
+        # destroying it, so gloo's threads stop here and not during interpreter shutdown, where
+        # they abort the process ("terminate called without an active exception", 1 run in 4).
+        del model, optimizer, meter
+        gc.collect()
         dist.destroy_process_group()
 
 

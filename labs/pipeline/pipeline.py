@@ -19,6 +19,7 @@ trained on the same micro-batches.
 
 import argparse
 import copy
+import gc
 import statistics
 import time
 
@@ -113,6 +114,10 @@ def main(argv=None):
         reports = [None] * stages
         dist.all_gather_object(reports, mine)
         report(record, reports, step_seconds[timed], args, stages, topology)
+        # torch's pipeline schedule holds the process group inside reference cycles: collect it
+        # before destroying the group, or gloo's threads may abort the process at interpreter exit.
+        del run_step, stage, optimizer
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -16,6 +16,7 @@ forward. Both must reproduce the single-process block, forward and backward.
 
 import argparse
 import copy
+import gc
 import time
 
 import torch
@@ -106,6 +107,10 @@ def main(argv=None):
         say(topology, "  seconds per forward+backward: " + ", ".join(
             f"{name} {record.metrics[f'{name}_seconds_per_pass']:.4f}"
             for name in ("single_process", "dtensor", "by_hand")))
+        # The device mesh and the DTensor module hold the process group inside reference cycles:
+        # collect them before destroying the group, or gloo's threads may abort the process at exit.
+        del mesh, with_dtensor, by_hand, model
+        gc.collect()
         dist.destroy_process_group()
 
 
