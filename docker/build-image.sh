@@ -11,6 +11,8 @@
 #   EXTRA_CA       a CA certificate to trust while downloading (TLS-inspecting proxy); passed as
 #                  a build secret, never stored in the image. Default: pip's own, $PIP_CERT, if set
 #   BUILD_NETWORK  network mode for the build's RUN steps (e.g. host)
+#   CACHE_FROM, CACHE_TO   docker buildx layer cache, e.g. type=gha,scope=distlab-cpu (CI); the
+#                  image is then loaded into docker's store (--load), as a plain build would leave it
 #   DRY_RUN=1      print the build command instead of running it
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +54,13 @@ if [ -n "$extra_ca" ]; then
 fi
 if [ -n "${BUILD_NETWORK:-}" ]; then
     cmd+=(--network "$BUILD_NETWORK")
+fi
+if [ -n "${CACHE_FROM:-}${CACHE_TO:-}" ]; then
+    [ "$engine" = docker ] || die "CACHE_FROM/CACHE_TO need docker buildx; unset them for ENGINE=$engine"
+    [ -z "${CACHE_FROM:-}" ] || cmd+=(--cache-from "$CACHE_FROM")
+    [ -z "${CACHE_TO:-}" ] || cmd+=(--cache-to "$CACHE_TO")
+    # A buildx builder other than docker's own keeps the result in its cache unless told to load it.
+    cmd+=(--load)
 fi
 if [ "$engine" = podman ]; then
     # Podman writes OCI images by default, and OCI has no SHELL: the Dockerfiles' bash with

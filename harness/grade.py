@@ -61,18 +61,17 @@ class GradePlan:
         exp = self.profile.labs[lab]
         return build_request(exp.catalog_lab, world_size, exp.args_at(world_size),
                              launcher=exp.launcher if world_size > 1 else None, backend=exp.backend,
+                             threads=self.profile.threads_per_rank,
                              timeout_s=self.timeout_s or exp.time_budget_s * 2, results_root=self.results_root,
                              program=self.programs.get(lab) or self.programs.get(exp.catalog_lab))
 
-    def reference(self, lab: str, world_size: int) -> tuple[Reference, RunRequest, tuple] | None:
-        """The reference loop a cell's throughput is a ratio to, its run, and the key under which cells
-        that would run the very same reference share one measurement."""
+    def reference(self, lab: str, world_size: int) -> tuple[Reference, RunRequest] | None:
+        """The reference loop a cell's throughput is a ratio to, and its run."""
         name = self.profile.labs[lab].reference
         if name is None:
             return None
         reference = REFERENCES[name]
-        run = reference.request(self.request(lab, world_size))
-        return reference, run, (name, run.world_size, run.launcher, run.backend, run.threads, tuple(run.lab_args))
+        return reference, reference.request(self.request(lab, world_size))
 
 
 def plan(args: argparse.Namespace) -> GradePlan:
@@ -115,12 +114,10 @@ def show_plan(grade_plan: GradePlan) -> None:
     profile = grade_plan.profile
     lines = [f"profile {profile.name} ({profile.path}){' PROVISIONAL' if profile.provisional else ''}: "
              f"{profile.description}", f"{len(grade_plan.cells())} cell(s) x {grade_plan.repeats} repeat(s)"]
-    shown: set[tuple] = set()
     for lab, ws in grade_plan.cells():
         ref = grade_plan.reference(lab, ws)
-        if ref and ref[2] not in shown:
-            shown.add(ref[2])
-            lines.append(f"{ref[0].name} for {lab} ws={ws}: {dry_run(ref[1])}")
+        if ref:
+            lines.append(f"{ref[0].name} for {lab} ws={ws}, before each run: {dry_run(ref[1])}")
         lines.append(f"{lab} ws={ws}: {dry_run(grade_plan.request(lab, ws))}")
     sys.stdout.write("\n".join(lines) + "\n")
 
@@ -155,14 +152,14 @@ def execute(grade_plan: GradePlan, done: dict[tuple[str, int], list[Sample]],
     """Run every planned cell `repeats` times into `done` (and each cell's reference runs into
     `references`), which keep every finished run even if Ctrl-C stops the rest.
 
-    A reference runs just before the first cell that needs it, alternating with that cell's runs,
-    so that a change in the machine's load touches both alike.
+    A cell with a reference runs it just before each of its own runs: reference, run, reference,
+    run. Another program competing for the CPUs then slows both alike, and the ratio holds (a
+    reference measured minutes earlier, under another load, is what failed correct labs).
     """
     references = {} if references is None else references
     cells = grade_plan.cells()
-    measured: dict[tuple, list[Sample]] = {}
-    keys = {key for cell in cells if (ref := grade_plan.reference(*cell)) for key in [ref[2]]}
-    with run_progress((len(cells) + len(keys)) * grade_plan.repeats) as progress:
+    paired = sum(grade_plan.reference(*cell) is not None for cell in cells)
+    with run_progress((len(cells) + paired) * grade_plan.repeats) as progress:
 
         def one_run(label: str, request: RunRequest, exp: LabExpectation | None = None) -> Sample:
             progress.started(label)
@@ -173,11 +170,10 @@ def execute(grade_plan: GradePlan, done: dict[tuple[str, int], list[Sample]],
 
         for lab, ws in cells:
             ref = grade_plan.reference(lab, ws)
-            if ref:
-                references[lab, ws] = measured.setdefault(ref[2], [])
             for repeat in range(1, grade_plan.repeats + 1):
-                if ref and len(measured[ref[2]]) < repeat:
-                    measured[ref[2]].append(one_run(f"{ref[0].name} for {lab} ws={ws} run {repeat}", ref[1]))
+                if ref:
+                    references.setdefault((lab, ws), []).append(
+                        one_run(f"{ref[0].name} for {lab} ws={ws} run {repeat}", ref[1]))
                 request = grade_plan.request(lab, ws)
                 done.setdefault((lab, ws), []).append(
                     one_run(f"{lab} ws={ws} run {repeat}/{grade_plan.repeats}", request, grade_plan.profile.labs[lab]))
@@ -196,10 +192,8 @@ def reference_rates(grade_plan: GradePlan, references: dict[tuple[str, int], lis
 
 
 def harness_overhead(wall_seconds: float, *runs: dict[tuple[str, int], list[Sample]]) -> float:
-    """Total wall time over the sum of the runs' wall times, labs and references (1.0: no overhead).
-    A reference shared by several cells is counted once."""
-    unique = {id(s): s for group in runs for samples in group.values() for s in samples}
-    total = sum(s.wall_seconds for s in unique.values())
+    """Total wall time over the sum of the runs' wall times, labs and references (1.0: no overhead)."""
+    total = sum(s.wall_seconds for group in runs for samples in group.values() for s in samples)
     return wall_seconds / total if total else float("nan")
 
 
@@ -231,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
     report_dir = new_run_dir(args.results, "grade", max(ws for _, ws in grade_plan.cells()), profile.name)
     summary = {"profile": profile.name, "provisional": profile.provisional, "profile_measured": profile.measured,
                "labs": grade_plan.labs, "repeats": grade_plan.repeats, "runs": sum(len(s) for s in done.values()),
-               "reference_runs": len({id(s) for samples in references.values() for s in samples}),
+               "reference_runs": sum(len(samples) for samples in references.values()),
                "wall_seconds": wall, "harness_overhead": overhead,
                "failed": sum(v.passed is False for v in verdicts), "interrupted": interrupted is not None}
     paths = report.write_report(report_dir, summary, verdicts, done)

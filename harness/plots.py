@@ -116,3 +116,27 @@ def plot(path: Path, sizes: list[int], measured: list[float], ideal: list[float]
     ax.legend(fontsize="small")
     return save(fig, path)
 
+
+
+def time_split_plot(summary: dict[str, Any], out: Path) -> Path | None:
+    """Per world size, one step split into compute (the step without gradient sync) and the
+    communication it waits for, beside the all-reduce timed alone: the gap is what overlap hid.
+    None when the lab did not report the split."""
+    rows = summary["rows"]
+    if not rows or any(r.get(k) is None for r in rows for k in ("step_seconds_no_sync", "comm_seconds",
+                                                                 "allreduce_seconds")):
+        return None
+    labels = [str(r["world_size"]) for r in rows]
+    compute = [r["step_seconds_no_sync"] * 1e3 for r in rows]
+    comm = [max(0.0, r["comm_seconds"]) * 1e3 for r in rows]  # below 0 only by noise: nothing waited for
+    alone = [r["allreduce_seconds"] * 1e3 for r in rows]
+    fig, ax = pyplot().subplots(figsize=(6, 4))
+    ax.bar(labels, compute, label="compute (step, no sync)")
+    ax.bar(labels, comm, bottom=compute, label="communication waited for")
+    ax.scatter(labels, [c + a for c, a in zip(compute, alone, strict=True)], marker="_", s=400, color="black",
+               zorder=3, label="compute + all-reduce alone (no overlap)")
+    ax.set(xlabel="world size (ranks)", ylabel="ms per step",
+           title=f"Compute vs communication: {summary['lab']} ({summary['backend']}), {summary['mode']}")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize="small")
+    return save(fig, out / "compute_comm.png")

@@ -7,7 +7,7 @@ harness, or send a file elsewhere: it is read only if it is a regular UTF-8 file
 MAX_PROFILE_BYTES, every number must be finite, world sizes are listed once, the name (used in
 report paths) is one plain word, and the lab arguments never set what the harness sets itself.
 
-    name, description, provisional, auto_select
+    name, description, provisional, auto_select, threads_per_rank
     [measured]  where, how, date, repeats, versions        (provenance of the numbers)
     [match]     gpus, gpu_model, min_cores                 (which hosts it fits)
     [labs.NAME] world_sizes, args, world_size_args, backend, launcher, time_budget_s, required_checks,
@@ -23,6 +23,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from harness import schema_check
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -109,6 +111,9 @@ class Profile:
     measured: dict[str, Any]
     match: dict[str, Any]
     labs: dict[str, LabExpectation]
+    # OMP threads of every rank and reference run; None: the runner's default (cores / world size).
+    # The CPU profiles say 1 (see harness/profiles/plans/cpu-grade.toml for why).
+    threads_per_rank: int | None = None
 
     def fits(self, host: dict[str, Any]) -> bool:
         """host: {"gpus": count, "gpu_models": [...], "cores": n} (from distlab doctor's facts).
@@ -313,7 +318,8 @@ def _read(path: Path) -> dict[str, Any]:
 def load_profile(path: Path) -> Profile:
     data = _read(path)
     top = _Reader(path, data)
-    top.unknown({"name", "description", "provisional", "auto_select", "measured", "match", "labs"})
+    top.unknown({"name", "description", "provisional", "auto_select", "threads_per_rank", "measured", "match",
+                 "labs"})
     name = top.get("name", str, "the profile's name")
     if not PROFILE_NAME.fullmatch(name):
         raise top.fail("name", "one plain name of letters, digits, '.', '_' and '-' (it names report folders)",
@@ -334,13 +340,23 @@ def load_profile(path: Path) -> Profile:
         other = table.get("accuracy_reference") if isinstance(table, dict) else None
         if other is not None and other not in labs:
             raise top.fail(f"labs.{lab}.accuracy_reference", "a lab row of this profile", other)
-    return Profile(
+    profile = Profile(
         name=name, path=path, description=top.get("description", str, "a description", ""),
         provisional=top.get("provisional", bool, "true or false", False),
         auto_select=top.get("auto_select", bool, "true or false", True),
+        threads_per_rank=_threads(top),
         measured=dict(measured.table), match=dict(match.table),
         labs={lab: _lab(top.sub("labs").sub(lab), lab) for lab in labs},
     )
+    schema_check.check_profile(data, path)  # after the checks above: theirs are the more precise messages
+    return profile
+
+
+def _threads(top: _Reader) -> int | None:
+    threads = top.get("threads_per_rank", int, "a whole number of threads, at least 1", None)
+    if threads is not None and not 1 <= threads <= 1024:
+        raise top.fail("threads_per_rank", "a whole number of threads from 1 to 1024", threads)
+    return threads
 
 
 def available(profile_dir: Path = PROFILE_DIR) -> list[Path]:

@@ -48,7 +48,7 @@ from typing import IO, Any
 
 import psutil
 
-from harness import files
+from harness import files, schema_check, tensorboard
 from harness import record as records
 from harness.catalog import REPO
 from harness.files import (
@@ -653,7 +653,7 @@ def _account(run: _Run, outcome: _Outcome) -> RunResult:
 
     record, record_error = None, None
     try:
-        record = records.load(record_path)
+        record = schema_check.check_record(records.load(record_path), str(record_path))
     except records.RecordError as error:
         record_error = str(error)
         if os.path.lexists(record_path):  # keep the unreadable file for inspection, never half-read it
@@ -725,10 +725,12 @@ def write_epochs_csv(path: Path, record: dict[str, Any]) -> None:
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow(["epoch", *columns])
-    writer.writerows([epoch, *row] for epoch, row in enumerate(rows, 1))
+    table = [[epoch, *row] for epoch, row in enumerate(rows, 1)]
+    writer.writerows(table)
     staged = path.with_name(f".{path.name}.tmp")  # written whole, then renamed: never half a table
     staged.write_text(text.getvalue())
     files.replace(staged, path)
+    tensorboard.write_epochs(path.with_name("tensorboard"), columns, table)  # only with distlab[tensorboard]
 
 
 def _release(run: _Run) -> None:

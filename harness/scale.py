@@ -7,8 +7,9 @@
 Every run goes through the real launcher (torchrun for ddp, horovodrun for horovod), at world
 size 1 too, so that every world size pays the same start-up and runs the same code. Output goes
 to a fresh folder <results>/scale/<time>-ws<largest>-<lab>-<mode>/: summary.json, throughput.png,
-speedup.png, efficiency.png, and each run's own folder (command, logs, record) under scaling/.
-How to read the numbers: labs/SCALING.md.
+speedup.png, efficiency.png, compute_comm.png, report.md and report.html (the report `distlab grade`
+writes, for this study; the Markdown also goes to $GITHUB_STEP_SUMMARY), and each run's own folder
+(command, logs, record) under scaling/. How to read the numbers: labs/SCALING.md.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from harness import report
 from harness.catalog import DEFAULT_LAUNCHER, LABS, backend_for
 from harness.console import console, fmt, print_json, run_progress
-from harness.plots import scale_plots
+from harness.plots import scale_plots, time_split_plot
 from harness.request import build_request
 from harness.runner import RunRequest, new_run_dir, run_lab
 from harness.stats import Interval, efficiency, fit_amdahl, mean_ci, speedup
@@ -239,16 +241,21 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
         "provenance": _provenance(study_dir, runs),
     }
     write_json_atomic(study_dir / "summary.json", summary)
+    images = []
     if rows:
         # Logs and CI pages are not terminals (rich assumes 80 columns there): give the table its width.
         wide = console if console.width >= 130 else Console(highlight=False, width=130)
         wide.print(table(summary))
-        scale_plots(summary, study_dir)
+        images = scale_plots(summary, study_dir)
+        images += [path for path in [time_split_plot(summary, study_dir)] if path]
+    paths = report.write_scale_report(study_dir, summary, images)
+    report.append_step_summary(paths["markdown"])
     for line in notes(summary):
         console.print(line)
     console.print(f"results: {study_dir}", markup=False)
+    console.print(f"report: {paths['html']}", markup=False)
     if getattr(args, "json", False):
-        print_json({**summary, "results": str(study_dir)})
+        print_json({**summary, "results": str(study_dir), "report": {kind: str(p) for kind, p in paths.items()}})
     return 1 if failure else 0
 
 

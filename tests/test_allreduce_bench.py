@@ -10,6 +10,7 @@ import pytest
 
 from harness import bench_collectives
 from labs.allreduce_bench import allreduce_bench as bench
+from labs.allreduce_bench import nccl_tests
 from labs.collectives.primitives import PRIMITIVES, lookup, round_count, unsupported
 from labs.common.host import gpu_count
 from labs.common.sizes import parse_size
@@ -167,3 +168,72 @@ def test_benchmark_of_the_benchmark_reports_a_ratio_per_size(tmp_path):
         assert [r["size"] for r in nccl["rows"]] == [65536, 131072] and "skipped" not in nccl
     measured = [row for result in summary["results"] for row in result.get("rows", [])]
     assert code == (0 if all(row["ratio"] >= 0.95 for row in measured) else 1)
+
+
+# --------------------------------------------------------------------------------- --format nccl-tests
+# The parser below follows nccl-tests' documented layout (src/util.cu: writeResultHeader,
+# writeBenchmarkLinePreamble, writeBenchmarkLineBody, writeResultFooter), not the lab's code: a
+# script written for all_reduce_perf must read the lab's output the same way.
+
+NCCL_COLUMNS = ["size", "count", "type", "redop", "root",
+                "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"]
+
+
+def parse_all_reduce_perf(text: str) -> tuple[list[list[str]], str, str]:
+    """(rows as 13 fields each, the out-of-bounds value, the average busbw) of one nccl-tests table."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip("#").split() == NCCL_COLUMNS)
+    assert lines[start - 1].lstrip("#").split() == ["out-of-place", "in-place"]
+    assert lines[start + 1].lstrip("#").split() == ["(B)", "(elements)", "(us)", "(GB/s)", "(GB/s)", "(us)",
+                                                    "(GB/s)", "(GB/s)"]
+    rows, out_of_bounds, average = [], None, None
+    for line in lines[start + 2:]:
+        if line.startswith("# Out of bounds values"):
+            out_of_bounds = line.split(":", 1)[1].strip()
+        elif line.startswith("# Avg bus bandwidth"):
+            average = line.split(":", 1)[1].strip()
+            break
+        elif not line.startswith("#"):
+            rows.append(line.split())
+    return rows, out_of_bounds, average
+
+
+@pytest.mark.parametrize(("value", "width", "text"), [(12.345, 7, "  12.35"), (123456.7, 7, " 123457"),
+                                                      (1234567.0, 7, "1234567"), (12345678.0, 7, "1.2e+07"),
+                                                      (0.004, 6, "  0.00"), (1234567.0, 6, " 1e+06")])
+def test_numbers_fit_nccl_tests_widths(value, width, text):
+    assert nccl_tests.fixed(value, width) == text
+
+
+@pytest.mark.integration
+def test_nccl_tests_format_is_read_by_an_all_reduce_perf_parser(distlab_run):
+    sizes = [1024, 4096, 16384, 65536]
+    result = distlab_run("allreduce_bench", 2, backend="gloo",
+                         lab_args=["--format", "nccl-tests", "-b", "1K", "-e", "64K", "-f", "4", "-w", "1", "-n", "2"])
+    assert result.returncode == 0, result.output[-4000:]
+    assert result.run["launcher"] == "torchrun"
+    log = (result.run_dir / "rank.0.log").read_text()
+    rows, out_of_bounds, average = parse_all_reduce_perf(log)
+    recorded = result.record["metrics"]["rows"]
+    assert out_of_bounds == "0 OK" and len(rows) == len(recorded) == len(sizes)
+
+    busbws = []
+    for fields, row in zip(rows, recorded, strict=True):
+        assert len(fields) == 13, fields  # no extra columns: no min/max, no collective name
+        assert fields[:5] == [str(row["size"]), str(row["count"]), "float", "sum", "-1"]
+        assert int(fields[0]) == 4 * int(fields[1])  # float: 4 bytes
+        for half, mode in ((fields[5:9], "out-of-place"), (fields[9:13], "in-place")):
+            measured = row[mode]
+            if "na" in measured:  # torch's all_reduce has no out-of-place form: nothing invented for it
+                assert half == ["N/A"] * 4
+                continue
+            time_us, algbw, busbw = (float(f) for f in half[:3])  # numeric, or this raises
+            assert int(half[3]) == measured["wrong"] == 0
+            assert time_us == pytest.approx(measured["time_us"], abs=0.006)
+            assert algbw == pytest.approx(int(fields[0]) / (time_us * 1e-6) / 1e9, abs=0.006)
+            assert busbw == pytest.approx(algbw * 2 * (2 - 1) / 2, abs=0.006)  # all-reduce: 2(n-1)/n, n = 2
+            busbws.append(busbw)
+    assert [r["size"] for r in recorded] == sizes and busbws
+    # The Avg line is the mean busbw over every time measured, computed before rounding to 2 decimals.
+    assert float(average) == pytest.approx(sum(busbws) / len(busbws), abs=0.005)
+    assert float(average) == pytest.approx(result.record["metrics"]["avg_busbw_gbps"], rel=1e-5)

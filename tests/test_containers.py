@@ -22,8 +22,8 @@ DOCKERFILES = [ROOT / "docker/Dockerfile.cpu", ROOT / "docker/Dockerfile.gpu"]
 # Settings a caller's environment might hold that would change what the Makefile does.
 MAKE_SETTINGS = ["GPUS", "NP", "ENGINE", "RUNTIME", "BACKEND", "LAB_ARGS", "IMAGE", "DRY_RUN", "ENGINE_ARGS",
                  "CUDA_VISIBLE_DEVICES", "DATA_DIR", "RESULTS_DIR", "BASE", "TORCH_INDEX_URL", "TORCH_VERSION",
-                 "TORCHVISION_VERSION", "EXTRA_CA", "PIP_CERT", "BUILD_NETWORK", "GITHUB_STEP_SUMMARY",
-                 "MAKEFLAGS", "MAKELEVEL"]
+                 "TORCHVISION_VERSION", "EXTRA_CA", "PIP_CERT", "BUILD_NETWORK", "CACHE_FROM", "CACHE_TO",
+                 "GITHUB_STEP_SUMMARY", "MAKEFLAGS", "MAKELEVEL"]
 
 
 @pytest.fixture
@@ -234,21 +234,85 @@ def test_dockerignore_lets_in_exactly_what_the_dockerfiles_copy():
         assert any(fnmatch.fnmatch(src, p) or src.startswith(p + "/") for p in allowed), src
 
 
-def test_compose_runs_ddp_on_two_nodes_with_a_c10d_rendezvous():
+def test_compose_runs_ddp_on_two_nodes_through_distlab_run():
+    # Through `distlab run`, not bare torchrun: each node gets a run directory, the watchdog and
+    # the hang report; both nodes differ only in --node-rank.
     yaml = pytest.importorskip("yaml")
     compose = yaml.safe_load((ROOT / "docker/compose.yaml").read_text())
     nodes = compose["services"]
     assert sorted(nodes) == ["node0", "node1"]
+    commands = []
     for rank, (name, node) in enumerate(sorted(nodes.items())):
         command = node["command"]
         assert node["hostname"] == name and node["networks"] == ["fabric"]
-        assert command[0] == "torchrun"
+        assert command[:3] == ["distlab", "run", "ddp"]
+        assert option_values(command, "--world-size") == ["2"]  # ranks on all nodes together
         assert option_values(command, "--nnodes") == ["2"] and option_values(command, "--node-rank") == [str(rank)]
-        assert option_values(command, "--rdzv-backend") == ["c10d"]
         assert option_values(command, "--rdzv-endpoint") == ["node0:29400"]
-        program, *lab_args = command[command.index("--rdzv-id") + 2:]
-        assert program == "/opt/distlab/src/" + LABS["ddp"].program  # where the images install the labs
-        assert lab_args[:3] == ["--backend", "gloo", "--smoke"]
+        assert option_values(command, "--backend") == ["gloo"]
+        assert option_values(command, "--results") == ["/workspace/results"]
+        assert command[command.index("--") + 1:] == ["--smoke"]
+        commands.append([arg for arg in command if arg != str(rank)])
+    assert commands[0] == commands[1]
+
+
+def _stages(dockerfile: Path) -> dict[str, tuple[str, str]]:
+    """Stage name (or its index) -> (what it is FROM, its text)."""
+    stages: dict[str, tuple[str, str]] = {}
+    for index, chunk in enumerate(re.split(r"^FROM ", dockerfile.read_text(), flags=re.MULTILINE)[1:]):
+        first, _, body = chunk.partition("\n")
+        words = first.split()
+        name = words[2] if len(words) >= 3 and words[1].upper() == "AS" else str(index)
+        stages[name] = (words[0], body)
+    return stages
+
+
+def test_cpu_image_final_stage_has_no_compilers():
+    stages = _stages(ROOT / "docker/Dockerfile.cpu")
+    assert "builder" in stages
+    # Whole package names: `\b` would not end at the `+` of g++.
+    compilers = re.compile(r"(?<![\w.-])(g\+\+|gcc|clang|build-essential|make|cmake|libopenmpi-dev|python3-dev)"
+                           r"(?![\w.+-])")
+    final = list(stages)[-1]
+    # The final stage and every stage it is built on, up to the base image.
+    chain, parent = [final], stages[final][0]
+    while parent in stages:
+        chain.append(parent)
+        parent = stages[parent][0]
+    assert "builder" not in chain
+    assert "builder" in stages[final][1]  # it takes the builder's wheels (a mount, no copy)
+    for name in chain:
+        installs = [step for step in re.split(r"\n(?=[A-Z]+ )", stages[name][1])
+                    if step.startswith("RUN") and ("apt-get install" in step or "pip install" in step)]
+        for step in installs:
+            assert not compilers.search(step), f"stage {name} installs a compiler: {step}"
+    assert compilers.search(stages["builder"][1])
+
+
+def test_build_cache_settings_reach_buildx_and_only_docker(fake_host):
+    env = {**fake_host(0), "CACHE_FROM": "type=gha,scope=x", "CACHE_TO": "type=gha,scope=x,mode=max"}
+    argv = dry_run("image-cpu", "ENGINE=docker", env=env)
+    assert option_values(argv, "--cache-from") == ["type=gha,scope=x"]
+    assert option_values(argv, "--cache-to") == ["type=gha,scope=x,mode=max"]
+    assert "--load" in argv
+    assert "--load" not in dry_run("image-cpu", "ENGINE=docker", env=fake_host(0))
+    done = make("image-cpu", "ENGINE=podman", env=env)
+    assert done.returncode == 2 and "CACHE_FROM/CACHE_TO need docker buildx" in done.stderr
+
+
+WORKFLOW_FILES = sorted((ROOT / ".github").rglob("*.yml"))
+
+
+@pytest.mark.parametrize("path", WORKFLOW_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_third_party_actions_are_pinned_by_commit_with_the_release_named(path):
+    # A tag can be moved to other code; a commit cannot. The comment says which release it is.
+    uses = re.findall(r"^\s*(?:-\s+)?uses:\s*(\S+)(.*)$", path.read_text(), re.MULTILINE)
+    assert uses
+    for ref, rest in uses:
+        if ref.startswith("./"):
+            continue  # this repository's own actions
+        assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", ref), ref
+        assert re.fullmatch(r"\s+# v\d+\.\d+\.\d+", rest), f"{ref}: name the release, e.g. `  # v1.2.3`"
 
 
 # --- With an engine and the built CPU image (nox -s image builds it): labs really run in it. ---

@@ -1,5 +1,6 @@
 """labs/scaling and `distlab scale`: the arithmetic on known answers, bad input, and real runs at 1 and 2 ranks."""
 
+import base64
 import json
 import math
 import os
@@ -171,6 +172,12 @@ def test_nccl_without_gpus_is_refused(tmp_path, capsys):
 SMOKE = ["--", "--smoke", "--steps", "2"]
 
 
+@pytest.fixture(autouse=True)
+def _no_step_summary(monkeypatch):
+    """Studies run here must not land on CI's own job summary page; the test of it sets its own."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
 def _study(results: Path) -> Path:
     (study,) = (results / "scale").iterdir()
     return study
@@ -180,9 +187,70 @@ def _records(study: Path) -> list[dict]:
     return [records.load(path) for path in sorted(study.glob("scaling/*/record.json"))]
 
 
+def _decimals(cell: str) -> int:
+    return len(cell.rstrip("%").split(".")[1]) if "." in cell else 0
+
+
+def assert_shows(cell: str, value: float, unit: float = 1.0) -> None:
+    """The cell is the measured value x unit, rounded to the digits it shows (a % cell: x 100)."""
+    expected = value * (100 if cell.endswith("%") else unit)
+    assert abs(float(cell.rstrip("%")) - expected) <= 0.5 * 10 ** -_decimals(cell) + 1e-9, (cell, expected)
+
+
+def markdown_table(markdown: str, first_column: str) -> list[dict[str, str]]:
+    lines = [line for line in markdown.splitlines() if line.startswith("|")]
+    start = next(i for i, line in enumerate(lines) if line.split("|")[1].strip() == first_column)
+    header = [c.strip() for c in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) != len(header):
+            break
+        rows.append(dict(zip(header, cells, strict=True)))
+    return rows
+
+
+def assert_scale_report(study: Path, summary: dict, step_summary: Path) -> None:
+    """report.md holds the table of world sizes with summary.json's numbers; report.html embeds every
+    plot; the step summary got the Markdown."""
+    markdown = (study / "report.md").read_text()
+    assert markdown.startswith("# distlab scale: passed")
+    table = markdown_table(markdown, "world size")
+    assert [int(r["world size"]) for r in table] == [r["world_size"] for r in summary["rows"]]
+    for shown, row in zip(table, summary["rows"], strict=True):
+        assert (int(shown["batch/rank"]), int(shown["global batch"])) == (row["per_rank_batch"], row["global_batch"])
+        assert_shows(shown["img/s"], row["img_per_sec"]["mean"])
+        assert_shows(shown["img/s per rank"], row["img_per_sec_per_rank"]["mean"])
+        assert_shows(shown["speedup"], row["speedup"])
+        assert_shows(shown["efficiency"], row["efficiency"])
+        for column, name in (("step ms", "step_seconds"), ("compute ms", "step_seconds_no_sync"),
+                             ("comm ms", "comm_seconds"), ("all-reduce alone ms", "allreduce_seconds")):
+            assert_shows(shown[column], row[name], unit=1e3)
+        assert_shows(shown["comm share"], row["comm_fraction"])
+        low, high = (float(x) for x in shown["95% CI"].split(" to "))
+        assert (low, high) == pytest.approx((row["img_per_sec"]["ci95_low"], row["img_per_sec"]["ci95_high"]),
+                                            abs=0.051)
+        assert int(shown["repeats"]) == row["img_per_sec"]["n"]
+    assert f"{summary['amdahl_serial_fraction']:.3f}" in markdown
+    plots = ["throughput", "speedup", "efficiency", "compute_comm"]
+    assert all(f"![{name}]({name}.png)" in markdown for name in plots)
+
+    page = (study / "report.html").read_text()
+    embedded = re.findall(r"<img alt='([a-z_]+)' src='data:image/png;base64,([A-Za-z0-9+/=]+)'>", page)
+    assert [name for name, _ in embedded] == plots
+    for name, data in embedded:
+        assert base64.b64decode(data) == (study / f"{name}.png").read_bytes()
+    assert page.index("<table>") < page.index("<img")  # the summary first, then the plots
+    assert all(f"<td>{r['world_size']}</td>" in page for r in summary["rows"])
+    assert step_summary.read_text() == "earlier steps' summary\n" + markdown  # appended, not overwritten
+
+
 @pytest.mark.integration
-def test_weak_scaling_ddp_at_one_and_two_ranks(tmp_path, capsys):
+def test_weak_scaling_ddp_at_one_and_two_ranks(tmp_path, capsys, monkeypatch):
     results = tmp_path / "results"
+    step_summary = tmp_path / "step_summary.md"
+    step_summary.write_text("earlier steps' summary\n")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step_summary))
     code = cli.main(["scale", "--lab", "ddp", "--world-sizes", "1,2", "--repeats", "2", "--batch", "2",
                        "--results", str(results), *SMOKE])
     out = capsys.readouterr().out
@@ -212,6 +280,9 @@ def test_weak_scaling_ddp_at_one_and_two_ranks(tmp_path, capsys):
         assert png.startswith(b"\x89PNG") and len(png) > 5000, name
     assert "effic." in out and "Amdahl fit" in out  # the table and its notes were printed
     assert f"results: {study}" in out
+    assert_scale_report(study, summary, step_summary)
+    compute_comm = (study / "compute_comm.png").read_bytes()
+    assert compute_comm.startswith(b"\x89PNG") and len(compute_comm) > 5000
 
 
 @pytest.mark.integration

@@ -17,7 +17,7 @@ torch fails with undefined symbols under another, and pip's own cache keys by na
 version only.
 
 Usage: python docker/horovod/build_horovod.py [--cpu-only] [--gpu-ops NCCL] [--no-mpi]
-       [--cache-dir DIR] [--python PY]
+       [--cache-dir DIR] [--wheel-dir DIR] [--python PY]
 """
 
 from __future__ import annotations
@@ -140,6 +140,8 @@ def main() -> None:
     parser.add_argument("--gpu-ops", choices=["NCCL"], help="GPU tensor operations (the GPU image uses NCCL)")
     parser.add_argument("--no-mpi", action="store_true", help="build without the MPI controller")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help=f"wheel cache (default {DEFAULT_CACHE})")
+    parser.add_argument("--wheel-dir", type=Path,
+                        help="also copy the wheel here (the CPU image's builder stage hands it to its final stage)")
     args = parser.parse_args()
     if args.cpu_only and args.gpu_ops:
         fail("--cpu-only and --gpu-ops contradict each other; pass one of them")
@@ -158,6 +160,9 @@ def main() -> None:
     # Uninstall first: pip would call an installed 0.28.1 built for another torch "satisfied".
     subprocess.run([args.python, "-m", "pip", "uninstall", "-q", "-y", "horovod"], check=True)
     subprocess.run([args.python, "-m", "pip", "install", str(wheel)], check=True)
+    if args.wheel_dir:
+        args.wheel_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(wheel, args.wheel_dir / wheel.name)
     want = ["PyTorch", "Gloo"] + ([] if args.no_mpi else ["MPI"]) + (["NCCL"] if args.gpu_ops else [])
     check_build(bin_dir, want)
 

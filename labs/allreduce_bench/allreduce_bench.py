@@ -10,6 +10,7 @@ differ from the exact expected result after a separate, untimed call. Any wrong 
     mpirun -np 4 python labs/allreduce_bench/allreduce_bench.py --backend mpi -d half -o max
     horovodrun --gloo -np 2 -H localhost:2 python labs/allreduce_bench/allreduce_bench.py --backend horovod
     ... --collective all_gather,reduce_scatter,broadcast,reduce,all_to_all
+    ... --format nccl-tests     # nccl-tests' exact columns, for scripts that parse all_reduce_perf (nccl_tests.py)
 
 Rank 0 also writes busbw.png (busbw against size) next to the --record file. The collectives come
 from the same table as labs/collectives (primitives.py), so what is timed is what that lab checks.
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from labs.allreduce_bench import nccl_tests
 from labs.collectives.primitives import (
     DTYPES,
     MODES,
@@ -67,6 +69,8 @@ def main() -> None:
     parser.add_argument("--collective", default="all_reduce", help=f"comma-separated: {', '.join(timed)}")
     parser.add_argument("--mode", choices=("both", *MODES), default="both",
                         help="out-of-place, in-place, or both like nccl-tests (default)")
+    parser.add_argument("--format", choices=("distlab", "nccl-tests"), default="distlab",
+                        help="distlab: with min/max over ranks (default); nccl-tests: exactly nccl-tests' columns")
     parser.add_argument("--corrupt", action="store_true",
                         help="testing: rank 0 overwrites one element of each checked result: the run must fail")
     args = parser.parse_args()
@@ -86,8 +90,13 @@ def main() -> None:
         sync = torch.cuda.synchronize if comm.device.type == "cuda" else lambda: None
 
         rows, skipped = [], []
+        nccl_layout = args.format == "nccl-tests"
         for primitive in collectives:
-            say(topology, header(primitive, args, comm.size, unavailable[primitive.name]))
+            if nccl_layout:
+                say(topology, nccl_tests.header(primitive, args.backend, comm.size, args.dtype, args.warmup_iters,
+                                                args.iters, bool(args.check), unavailable[primitive.name]))
+            else:
+                say(topology, header(primitive, args, comm.size, unavailable[primitive.name]))
             for size in sizes:
                 count = round_count(primitive, size // DTYPES[args.dtype].itemsize, comm.size)
                 if count == 0:
@@ -102,14 +111,19 @@ def main() -> None:
                     row[mode] = {"na": reason} if reason else measure(primitive, mode, count, row["size"], args,
                                                                        comm, sync)
                 rows.append(row)
-                say(topology, table_line(row, modes))
+                say(topology, nccl_tests.line(primitive, row, comm.size) if nccl_layout else table_line(row, modes))
+            if nccl_layout:  # one footer per collective, as one nccl-tests binary per collective prints
+                say(topology, nccl_tests.footer([r for r in rows if r["collective"] == primitive.name],
+                                                bool(args.check)))
 
         wrong = sum(r[m].get("wrong") or 0 for r in rows for m in modes)
         busbws = [r[m]["busbw_gbps"] for r in rows for m in modes if "busbw_gbps" in r[m]]
         avg_busbw = sum(busbws) / len(busbws) if busbws else None
         verdict = f"{wrong} {'OK' if wrong == 0 else 'FAILED'}" if args.check else "N/A (-c 0)"
-        say(topology, f"# Out of bounds values : {verdict}")
-        say(topology, f"# Avg bus bandwidth    : {avg_busbw:.4g} GB/s" if busbws else "# Avg bus bandwidth    : n/a")
+        if not nccl_layout:
+            say(topology, f"# Out of bounds values : {verdict}")
+            say(topology, f"# Avg bus bandwidth    : {avg_busbw:.4g} GB/s" if busbws
+                else "# Avg bus bandwidth    : n/a")
         for skip in skipped:
             say(topology, f"# skipped {skip['collective']} at {skip['size']} B: {skip['reason']}")
         record.metrics.update(

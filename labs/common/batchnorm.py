@@ -11,6 +11,7 @@ statistics through an all-reduce too.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -56,14 +57,15 @@ def replace_batchnorm(module: nn.Module, make: Callable[[nn.BatchNorm2d], nn.Mod
 
 
 def convert_to_global_batchnorm(module: nn.Module,
-                                all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> nn.Module:
+                                all_reduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None) -> nn.Module:
     """The CPU counterpart of nn.SyncBatchNorm.convert_sync_batchnorm: every nn.BatchNorm2d becomes a
-    GlobalBatchNorm2d, summing over ranks with `all_reduce` (default: torch.distributed)."""
-
-    def make(bn: nn.BatchNorm2d) -> GlobalBatchNorm2d:
-        converted = GlobalBatchNorm2d(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats)
-        if all_reduce is not None:
-            converted.all_reduce = all_reduce
-        return converted
-
-    return replace_batchnorm(module, make)
+    GlobalBatchNorm2d, summing over ranks with all_reduce(tensor, name) (default: torch.distributed,
+    unnamed). Horovod matches collectives across ranks by name: the layer's own name, the same every
+    step, lets its response cache skip the negotiation (unnamed, each call gets a new name)."""
+    converted = replace_batchnorm(module, lambda bn: GlobalBatchNorm2d(bn.num_features, bn.eps, bn.momentum,
+                                                                       bn.affine, bn.track_running_stats))
+    if all_reduce is not None:
+        for name, layer in converted.named_modules():
+            if isinstance(layer, GlobalBatchNorm2d):
+                layer.all_reduce = functools.partial(all_reduce, name=f"batchnorm.{name}")
+    return converted

@@ -110,9 +110,11 @@ def main(argv=None):
         if args.sync_bn:
             # Small per-rank batches give noisy BatchNorm statistics: compute them over the global
             # batch, one all-reduce per BatchNorm layer. Horovod's SyncBatchNorm runs on GPUs only.
-            model = (replace_batchnorm(model, lambda bn: hvd.SyncBatchNorm(bn.num_features, bn.eps, bn.momentum))
-                     if device.type == "cuda" else
-                     convert_to_global_batchnorm(model, lambda stats: hvd.allreduce(stats, op=hvd.Sum)))
+            if device.type == "cuda":
+                model = replace_batchnorm(model, lambda bn: hvd.SyncBatchNorm(bn.num_features, bn.eps, bn.momentum))
+            else:  # named by layer: Horovod's response cache then knows each all-reduce from the last step
+                model = convert_to_global_batchnorm(model, lambda stats, name: hvd.allreduce(stats, op=hvd.Sum,
+                                                                                             name=name))
         if args.channels_last:
             model = model.to(memory_format=torch.channels_last)
         optimizer = training.make_optimizer(model, lr, args)
