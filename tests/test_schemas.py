@@ -177,20 +177,12 @@ def test_the_profile_schema_names_the_field_alone(change, message):
     assert found is not None and found.startswith(message), found
 
 
-PROGRAM = r'''
-import json, os, sys
-argv = sys.argv[1:]
-record = argv[argv.index("--record") + 1]
-with open(argv[argv.index("--raw") + 1]) as src, open(record + ".tmp", "w") as dst:
-    dst.write(src.read())
-os.rename(record + ".tmp", record)
-'''
+RAW_RECORD = Path(__file__).parent / "programs" / "raw_record.py"  # writes --raw as its record
 
 
 @pytest.mark.integration
 def test_the_runner_fails_a_run_whose_record_breaks_the_schema_and_names_the_field(tmp_path):
-    program, raw = tmp_path / "prog.py", tmp_path / "raw.json"
-    program.write_text(PROGRAM)
+    program, raw = RAW_RECORD, tmp_path / "raw.json"
     raw.write_text(json.dumps({**minimal_record(), "lab": "check", "ranks": "all"}))
     request = RunRequest(lab="check", program=program, world_size=1, launcher="python", backend="gloo",
                          lab_args=["--raw", str(raw)], results_root=tmp_path / "results", timeout_s=LIMIT,

@@ -82,14 +82,7 @@ def test_without_the_extra_nothing_is_written_and_nothing_fails(tmp_path, monkey
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epochs.csv"]
 
 
-PROGRAM = r'''
-import json, os, sys
-argv = sys.argv[1:]
-record = argv[argv.index("--record") + 1]
-with open(argv[argv.index("--raw") + 1]) as src, open(record + ".tmp", "w") as dst:
-    dst.write(src.read())
-os.rename(record + ".tmp", record)
-'''
+RAW_RECORD = Path(__file__).parent / "programs" / "raw_record.py"  # writes --raw as its record
 
 
 @NEEDS_EXTRA
@@ -97,8 +90,7 @@ os.rename(record + ".tmp", record)
 def test_a_run_with_per_epoch_metrics_gets_event_files_in_its_run_directory(tmp_path):
     from test_schemas import minimal_record
 
-    program, raw = tmp_path / "prog.py", tmp_path / "raw.json"
-    program.write_text(PROGRAM)
+    program, raw = RAW_RECORD, tmp_path / "raw.json"
     metrics = dict(zip(COLUMNS, ([row[1 + i] for row in ROWS] for i in range(len(COLUMNS))), strict=True))
     raw.write_text(json.dumps({**minimal_record(), "lab": "baseline", "metrics": metrics}))
     request = RunRequest(lab="baseline", program=program, world_size=1, launcher="python", backend="gloo",
