@@ -181,13 +181,12 @@ def execute(grade_plan: GradePlan, done: dict[tuple[str, int], list[Sample]],
 
 def reference_rates(grade_plan: GradePlan, references: dict[tuple[str, int], list[Sample]]
                     ) -> dict[tuple[str, int], float | None]:
-    """Each cell's reference rate: the mean of its reference runs, times the ranks it stands for.
-    None where no reference run succeeded."""
+    """Each cell's reference rate: the mean of its reference runs. None where none succeeded."""
     rates: dict[tuple[str, int], float | None] = {}
     for (lab, ws), samples in references.items():
         reference = REFERENCES[grade_plan.profile.labs[lab].reference]
         values = [v for s in samples if s.status == "ok" and (v := metric(s.record, reference.metric))]
-        rates[lab, ws] = statistics.fmean(values) * reference.scale(ws) if values else None
+        rates[lab, ws] = statistics.fmean(values) if values else None
     return rates
 
 

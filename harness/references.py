@@ -22,9 +22,10 @@ class Reference:
     name: str
     program: Path
     metric: str  # read from the reference's record, compared with the lab's throughput metric
-    # True: run like the lab (same world size, launcher, backend); False: one process at the lab's
-    # threads per rank, whose rate times the world size is the cell's compute limit.
-    same_world_size: bool
+    # True: launched exactly like the lab (launcher, backend). False: as many ranks as the lab at
+    # its threads per rank, side by side under torchrun, meeting over gloo only outside the timed
+    # work (at world size 1, one plain process): the machine shared as the lab's ranks share it.
+    like_lab: bool
     summary: str
 
     def request(self, lab_request: RunRequest) -> RunRequest:
@@ -32,16 +33,13 @@ class Reference:
         # The lab's own paths in its run directory (a checkpoint) mean nothing to the reference; left
         # out, cells that differ only in them share one reference measurement. Nothing to observe.
         args = _without_run_paths(lab_request.lab_args)
-        if self.same_world_size:
+        if self.like_lab:
             return dataclasses.replace(lab_request, lab=self.name, program=self.program, max_restarts=0,
                                        lab_args=args, observe=False)
-        return RunRequest(lab=self.name, program=self.program, world_size=1, launcher="python", backend="none",
-                          lab_args=args, threads=lab_request.threads, timeout_s=lab_request.timeout_s,
-                          results_root=lab_request.results_root, observe=False)
-
-    def scale(self, world_size: int) -> int:
-        """How many reference runs the cell's ranks amount to."""
-        return 1 if self.same_world_size else world_size
+        several = lab_request.world_size > 1
+        return dataclasses.replace(lab_request, lab=self.name, program=self.program, max_restarts=0,
+                                   lab_args=args, observe=False, launcher="torchrun" if several else "python",
+                                   backend="gloo" if several else "none")
 
 
 def _without_run_paths(args: list[str]) -> list[str]:
@@ -57,8 +55,8 @@ def _without_run_paths(args: list[str]) -> list[str]:
 
 
 REFERENCES = {reference.name: reference for reference in [
-    Reference("train_loop", HERE / "train_loop.py", "img_per_sec", same_world_size=False,
-              summary="forward, backward and step on one resident batch: the lab's model, batch and threads"),
-    Reference("plain_allreduce", HERE / "plain_allreduce.py", "avg_busbw_gbps", same_world_size=True,
+    Reference("train_loop", HERE / "train_loop.py", "img_per_sec", like_lab=False,
+              summary="forward, backward and step on one resident batch: the lab's model, batch, threads and ranks"),
+    Reference("plain_allreduce", HERE / "plain_allreduce.py", "avg_busbw_gbps", like_lab=True,
               summary="the bare library all-reduce in a timed loop, same sizes, ranks and backend"),
 ]}

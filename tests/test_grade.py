@@ -250,6 +250,10 @@ def test_each_run_of_a_cell_follows_a_reference_run_of_its_own_at_the_profiles_t
     assert ref.name == "train_loop" and ddp1.world_size == 1 and ddp1.launcher == "python" and not ddp1.observe
     assert ddp1.threads == plan.request("ddp", 1).threads == 1  # the profile's threads, lab and reference alike
     assert plan.request("ddp", 2).threads == plan.reference("ddp", 2)[1].threads == 1
+    # As many loop ranks as the lab has, side by side: one process times N got a whole core under load
+    # while the lab's N ranks shared what was left.
+    ddp2 = plan.reference("ddp", 2)[1]
+    assert (ddp2.world_size, ddp2.launcher, ddp2.backend) == (2, "torchrun", "gloo")
     assert not any("{run_dir}" in arg for arg in ddp1.lab_args)  # the lab's checkpoint path is not its
     bench = plan.reference("allreduce_bench", 2)
     assert bench[0].name == "plain_allreduce" and bench[1].world_size == 2 and bench[1].backend == "gloo"
@@ -268,7 +272,20 @@ def test_each_run_of_a_cell_follows_a_reference_run_of_its_own_at_the_profiles_t
     # Reference, run, reference, run: a load that comes and goes touches a run and its reference alike.
     assert started[:4] == [("train_loop", 1), ("baseline", 1)] * 2
     assert started[4:8] == [("train_loop", 1), ("ddp", 1)] * 2
-    assert started[8:12] == [("train_loop", 1), ("ddp", 2)] * 2
+    assert started[8:12] == [("train_loop", 2), ("ddp", 2)] * 2
     assert len(references["ddp", 1]) == len(done["ddp", 1]) == 2
     assert references["ddp", 1] is not references["baseline", 1]  # each cell its own reference runs
     assert ("ddp-local-bn", 1) not in references
+
+
+def test_the_training_reference_refuses_several_ranks_without_gloo(tmp_path):
+    import subprocess
+    import sys
+
+    from harness.references import REFERENCES
+
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "TORCHELASTIC_RUN_ID": "x", "RANK": "0",
+           "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
+    done = subprocess.run([sys.executable, str(REFERENCES["train_loop"].program), "--smoke"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "add --backend gloo" in done.stderr

@@ -81,7 +81,7 @@ def test_a_real_lab_record_the_harness_record_and_a_minimal_record_fit(lab_recor
 
 
 @pytest.mark.parametrize("dotted", list(record.REQUIRED))
-def test_every_field_the_reader_requires_the_schema_requires(dotted):
+def test_every_required_field_when_missing_is_named_by_the_reader_and_the_schema(dotted):
     data = minimal_record()
     *parents, last = dotted.split(".")
     node = data
@@ -89,6 +89,8 @@ def test_every_field_the_reader_requires_the_schema_requires(dotted):
         node = node[part]
     del node[last]
     assert schema_check.problem(data, schema_check.RECORD_SCHEMA) == f"missing field '{dotted}'"
+    with pytest.raises(record.RecordError, match=f"student.json: missing field '{dotted}'"):
+        record.validate(data, "student.json")
 
 
 def _set(data: dict, dotted: str, value) -> dict:
