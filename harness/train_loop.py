@@ -8,10 +8,12 @@ cores, memory bandwidth and whatever else runs there, and one process times N do
 other busy processes, one loop process still got a whole core while the lab's four ranks shared
 what was left. The ranks meet only to start their timed steps together and, after them, to add up
 what they did: `img_per_sec` is all ranks' images over the slowest rank's time, the rate of a
-synchronous job with no communication at all. It takes the training
-labs' own flags (the same `--smoke`, `--stem`, `--batch-size`, `--precision` resolve the same
-way), so the model, batch and precision are the lab's, and keeps the lab contract, so the harness
-starts it like any lab (runner.run_lab) and reads img_per_sec from its record.
+synchronous job with no communication at all.
+
+It takes the training labs' own flags (the same `--smoke`, `--stem`, `--batch-size`, `--precision`
+resolve the same way), so the model, batch and precision are the lab's, and keeps the lab
+contract, so the harness starts it like any lab (runner.run_lab) and reads img_per_sec from its
+record.
 
     python harness/train_loop.py --smoke --batch-size 16 --steps 20 --record loop.json
     torchrun --nproc-per-node 2 harness/train_loop.py --backend gloo --smoke --record loop.json
