@@ -3,8 +3,8 @@ programs pass: one written from scratch that keeps only the contract here, the D
 at world size 1 and in tests/test_grade_e2e.py at world size 2 (the same cpu-smoke expectations).
 
 Every mutant is labs/ddp/train.py with one change, graded through `distlab grade --program ROW=PATH`
-in one grade (one row per mutant; the slow one timed against a reference run of its own), against
-the shipped profile's own expectations for ddp: the grader is tested as it grades students.
+in one grade (one row per mutant; the slow one in a grade of its own, timed against reference runs),
+against the shipped profile's own expectations for ddp: the grader is tested as it grades students.
 """
 
 import json
@@ -42,11 +42,13 @@ MUTANTS = {
                        "claim:params_identical", "record claims params_identical"),
     "claims-accuracy": ([(REPORT, REPORT + "\n        record.metrics['final_accuracy'] = 0.99")],
                         "claim:final_accuracy", "harness measured"),
-    # Sleeps as long as each step took: half the throughput.
-    "twice-slower": ([(STEP_START, STEP_START + "        step_started = time.perf_counter()\n"),
-                      (STEP_END, "        time.sleep(time.perf_counter() - step_started)\n" + STEP_END)],
-                     "img_per_sec_ratio", "reference"),
 }
+# Sleeps as long as each step took: half the throughput. Graded on its own, on the median of several
+# runs each after a reference run of its own: one pair is at the mercy of whatever else the machine
+# runs (one run under two busy processes and a second test worker measured 0.494 against the floor of
+# 0.437, where half the correct lab's 0.73 is expected).
+SLOWER = ([(STEP_START, STEP_START + "        step_started = time.perf_counter()\n"),
+           (STEP_END, "        time.sleep(time.perf_counter() - step_started)\n" + STEP_END)])
 
 
 def mutant(tmp_path: Path, name: str, changes: list[tuple[str, str]]) -> Path:
@@ -79,8 +81,9 @@ def profile_of(tmp_path: Path, shipped: str, rows: list[str], world_size: int, t
     return path
 
 
-def grade(tmp_path: Path, profile: Path, programs: dict[str, Path], timeout: float) -> dict:
+def grade(tmp_path: Path, profile: Path, programs: dict[str, Path], timeout: float, repeats: int = 1) -> dict:
     done = run_distlab(["grade", "--profile", str(profile), "--results", str(tmp_path / "results"),
+                        "--repeats", str(repeats),
                         *(arg for row, path in programs.items() for arg in ("--program", f"{row}={path}"))],
                        timeout=timeout)
     verdicts = json.loads(next((tmp_path / "results").glob("grade/*/verdicts.json")).read_text())
@@ -100,7 +103,7 @@ NOISY = ("img_per_sec_ratio", "efficiency", "time")
 def test_each_mistake_fails_with_its_reason_and_correct_programs_pass(tmp_path):
     scratch = REPO / "tests/programs/ddp_program.py"  # from scratch: not one line of labs/
     assert "import labs" not in scratch.read_text() and "from labs" not in scratch.read_text()
-    profile = profile_of(tmp_path, "cpu-smoke", list(MUTANTS), 2, timed=("twice-slower",), scratch={
+    profile = profile_of(tmp_path, "cpu-smoke", list(MUTANTS), 2, scratch={
         "lab": "ddp", "world_sizes": [2], "args": ["--checkpoint", "{run_dir}/checkpoint.pt"], "time_budget_s": 300})
     programs = {name: mutant(tmp_path, name, changes) for name, (changes, _, _) in MUTANTS.items()}
     result = grade(tmp_path, profile, {**programs, "scratch": scratch}, timeout=1500)
@@ -118,6 +121,17 @@ def test_each_mistake_fails_with_its_reason_and_correct_programs_pass(tmp_path):
         verdict = rows[name].get(check)
         assert verdict is not None and verdict["passed"] is False, (name, check, rows[name])
         assert words in verdict["detail"], (name, verdict)
+
+
+@pytest.mark.integration
+def test_a_program_twice_slower_fails_on_throughput_against_its_own_reference(tmp_path):
+    profile = profile_of(tmp_path, "cpu-smoke", ["twice-slower"], 2, timed=("twice-slower",))
+    result = grade(tmp_path, profile, {"twice-slower": mutant(tmp_path, "twice-slower", SLOWER)}, timeout=1500,
+                   repeats=3)
+    verdict = result["rows"]["twice-slower"]["img_per_sec_ratio"]
+    assert verdict["passed"] is False, verdict
+    assert "median of 3 run(s)" in verdict["detail"] and "reference" in verdict["detail"], verdict
+    assert result["returncode"] == 1, result["stdout"]
 
 
 LEARNING_ROWS = ["ddp", "label-noise"]
