@@ -33,13 +33,11 @@ class Reference:
         # The lab's own paths in its run directory (a checkpoint) mean nothing to the reference; left
         # out, cells that differ only in them share one reference measurement. Nothing to observe.
         args = _without_run_paths(lab_request.lab_args)
-        if self.like_lab:
-            return dataclasses.replace(lab_request, lab=self.name, program=self.program, max_restarts=0,
-                                       lab_args=args, observe=False)
         several = lab_request.world_size > 1
+        launch = {} if self.like_lab else {"launcher": "torchrun" if several else "python",
+                                           "backend": "gloo" if several else "none"}
         return dataclasses.replace(lab_request, lab=self.name, program=self.program, max_restarts=0,
-                                   lab_args=args, observe=False, launcher="torchrun" if several else "python",
-                                   backend="gloo" if several else "none")
+                                   lab_args=args, observe=False, **launch)
 
 
 def _without_run_paths(args: list[str]) -> list[str]:
