@@ -17,7 +17,8 @@ what was measured:
   0.05, the course's rule for the same global batch, whatever this host measured (a larger gap
   is reported as a warning: a lesson to fix, never a band to widen).
 - scaling efficiency: at least 0.5 x the measured efficiency (a faster CPU makes communication
-  weigh more).
+  weigh more); with a reference loop, the efficiency over the loop's own, as the grade judges it
+  (harness/verdicts.py).
 - time budget: 8 x the slowest run + 60 s, a guard against hangs on the slowest CPU of a kind.
 - required checks: every check the labs' records carried.
 """
@@ -42,7 +43,6 @@ from harness.profiles import Profile
 from harness.stats import mean_ci
 from harness.usage import UsageError
 from harness.verdicts import Sample, sample_metric
-from harness.verdicts import metric as _metric
 from labs.common.provenance import versions as library_versions
 
 ACCURACY = "final_accuracy"
@@ -74,7 +74,7 @@ def derive_lab(template: dict[str, Any], exp_metric: str, cells: dict[int, list[
                      for name in (s.record or {}).get("checks", {})})
     table["required_checks"] = [] if observed else checks
     metrics: dict[str, Any] = {}
-    throughput = {ws: [v for s in samples if (v := _metric(s.record, exp_metric)) is not None]
+    throughput = {ws: [v for s in samples if (v := sample_metric(s, exp_metric)) is not None]
                   for ws, samples in cells.items()}
     if any(throughput.values()) and not template.get("lesson"):  # a lesson row shows an effect: no speed band
         means = {ws: mean_ci(values).mean for ws, values in sorted(throughput.items()) if values}
@@ -89,9 +89,13 @@ def derive_lab(template: dict[str, Any], exp_metric: str, cells: dict[int, list[
             fractions = [(m - 3 * _sd(throughput[ws])) / m if m else 0.3 for ws, m in means.items()]
             metrics[exp_metric] = {"expected": {str(ws): round(m, 4) for ws, m in means.items()},
                                    "at_least_fraction": round(min(0.7, max(0.3, min(fractions))), 3)}
+        loops = references or {}
         if 1 in means and means[1]:
-            table["efficiency_min"] = {str(ws): round(EFFICIENCY_FLOOR * means[ws] / (ws * means[1]), 3)
-                                       for ws in means if ws != 1}
+            efficiency = {ws: means[ws] / (ws * means[1]) for ws in means if ws != 1}
+            if template.get("reference"):  # over the loop's own scaling, where it ran at both sizes
+                efficiency = {ws: e / (loops[ws] / (ws * loops[1])) for ws, e in efficiency.items()
+                              if loops.get(ws) and loops.get(1)}
+            table["efficiency_min"] = {str(ws): round(EFFICIENCY_FLOOR * e, 3) for ws, e in efficiency.items()}
     accuracy = {ws: [v for s in samples if (v := sample_metric(s, ACCURACY)) is not None]
                 for ws, samples in cells.items()}
     learned = [v for values in accuracy.values() for v in values]

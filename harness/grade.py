@@ -10,6 +10,7 @@ launchers, one run directory each). `distlab calibrate` runs the same plan and w
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -20,11 +21,11 @@ from harness import doctor, evaluate, observed, profiles, report
 from harness.catalog import LABS
 from harness.console import console, print_json, run_progress
 from harness.profiles import LabExpectation, Profile
-from harness.references import REFERENCES, Reference
+from harness.references import REFERENCES, Reference, against_course_lab, course_lab
 from harness.request import build_request
 from harness.runner import OBSERVE_DIR, RUN_DIR_PLACEHOLDER, RunRequest, RunResult, dry_run, new_run_dir, run_lab
 from harness.usage import UsageError
-from harness.verdicts import Sample, Verdict, metric
+from harness.verdicts import Sample, Verdict, sample_metric
 from harness.verdicts import evaluate as evaluate_verdicts
 
 # The program's own final accuracy against the harness's measurement of rank 0's weights: an honest
@@ -56,21 +57,30 @@ class GradePlan:
             planned += [(lab, ws) for ws in sizes if limit is None or ws <= limit]
         return planned
 
-    def request(self, lab: str, world_size: int) -> RunRequest:
-        """The run of one cell, checked like `distlab run` checks its own."""
+    def program(self, lab: str) -> Path | None:
+        """The student's program graded in a row, or None: the course's own lab."""
+        return self.programs.get(lab) or self.programs.get(self.profile.labs[lab].catalog_lab)
+
+    def request(self, lab: str, world_size: int, course: bool = False) -> RunRequest:
+        """The run of one cell (`course`: with the course's lab, whatever program the row grades),
+        checked like `distlab run` checks its own."""
         exp = self.profile.labs[lab]
         return build_request(exp.catalog_lab, world_size, exp.args_at(world_size),
                              launcher=exp.launcher if world_size > 1 else None, backend=exp.backend,
                              threads=self.profile.threads_per_rank,
                              timeout_s=self.timeout_s or exp.time_budget_s * 2, results_root=self.results_root,
-                             program=self.programs.get(lab) or self.programs.get(exp.catalog_lab))
+                             program=None if course else self.program(lab))
 
     def reference(self, lab: str, world_size: int) -> tuple[Reference, RunRequest] | None:
-        """The reference loop a cell's throughput is a ratio to, and its run."""
-        name = self.profile.labs[lab].reference
-        if name is None:
+        """What a cell's throughput is a ratio to, and its run: the profile's plain loop, or for a
+        student's program the course's lab (harness/references.py)."""
+        exp = self.profile.labs[lab]
+        if exp.reference is None:
             return None
-        reference = REFERENCES[name]
+        if self.program(lab):
+            reference = course_lab(LABS[exp.catalog_lab], exp.throughput_metric)
+            return reference, reference.request(self.request(lab, world_size, course=True))
+        reference = REFERENCES[exp.reference]
         return reference, reference.request(self.request(lab, world_size))
 
 
@@ -100,6 +110,9 @@ def plan(args: argparse.Namespace) -> GradePlan:
         if not Path(path).is_file():
             raise UsageError(f"program {path} for lab {lab} does not exist")
         programs[lab] = Path(path).resolve()
+    graded = {row: against_course_lab(exp) if row in programs or exp.catalog_lab in programs else exp
+              for row, exp in profile.labs.items()}
+    profile = dataclasses.replace(profile, labs=graded)
     grade_plan = GradePlan(profile, labs, args.world_sizes, args.repeats, programs, args.results, args.timeout,
                            gpus=host["gpus"])
     if not grade_plan.cells():
@@ -126,23 +139,40 @@ def sample_of(result: RunResult) -> Sample:
     return Sample(str(result.run_dir), result.status, result.reason, result.wall_seconds, result.record)
 
 
-def observe(result: RunResult, exp: LabExpectation, request: RunRequest) -> Sample:
-    """A run as the grader judges it. For a data-parallel training lab, what the harness saw itself:
-    the checks computed from every rank's observations, the accuracy of rank 0's final weights
-    measured on the test set, and every claim of the record that these contradict."""
+def timed(result: RunResult, metric_name: str) -> Sample:
+    """A run with its training throughput timed by the harness, where its observer saw training
+    (img_per_sec of a data-parallel training lab, or of the course lab timing a student's program)."""
     sample = sample_of(result)
     observe_dir = result.run_dir / OBSERVE_DIR
+    if metric_name == "img_per_sec" and observe_dir.is_dir():
+        sample.measured[metric_name] = rate = observed.throughput(observed.load(observe_dir))
+        if rate is None:
+            sample.measure_errors[metric_name] = (f"no rank was seen training past its first {observed.WARMUP_STEPS} "
+                                                  "optimizer steps (the warm-up, left out)")
+    return sample
+
+
+def observe(result: RunResult, exp: LabExpectation, request: RunRequest) -> Sample:
+    """A run as the grader judges it. For a data-parallel training lab, what the harness saw itself:
+    the checks computed from every rank's observations, its training throughput, the accuracy of
+    rank 0's final weights measured on the test set, and every claim of the record that these
+    contradict."""
+    data_parallel = LABS[exp.catalog_lab].data_parallel
+    sample = timed(result, exp.throughput_metric) if data_parallel else sample_of(result)
+    observe_dir = result.run_dir / OBSERVE_DIR
     # A run that failed is observed too: its own failed check is a claim, what the harness saw the fact.
-    if not LABS[exp.catalog_lab].data_parallel or not observe_dir.is_dir():
+    if not data_parallel or not observe_dir.is_dir():
         return sample
     lab_args = [arg.replace(RUN_DIR_PLACEHOLDER, str(result.run_dir)) for arg in request.lab_args]
     # Measured always, graded where the profile has an accuracy band: a claim is compared either way.
     measurement = evaluate.measure(observe_dir, lab_args, python=request.python)
     sample.measured[exp.accuracy_metric] = measurement.get("accuracy")
-    sample.measure_error = measurement.get("error")
+    if measurement.get("error"):
+        sample.measure_errors[exp.accuracy_metric] = measurement["error"]
     checks = observed.checks(observed.load(observe_dir), request.backend, request.world_size,
                              train_set_size=measurement.get("train_size"))
-    checks += observed.compare_claims(result.record, checks, measurement.get("accuracy"), ACCURACY_CLAIM_TOLERANCE)
+    checks += observed.compare_claims(result.record, checks, measurement.get("accuracy"), ACCURACY_CLAIM_TOLERANCE,
+                                      measured_img_per_sec=sample.measured.get("img_per_sec"))
     sample.observed = [check.to_dict() for check in checks]
     return sample
 
@@ -161,10 +191,11 @@ def execute(grade_plan: GradePlan, done: dict[tuple[str, int], list[Sample]],
     paired = sum(grade_plan.reference(*cell) is not None for cell in cells)
     with run_progress((len(cells) + paired) * grade_plan.repeats) as progress:
 
-        def one_run(label: str, request: RunRequest, exp: LabExpectation | None = None) -> Sample:
+        def one_run(label: str, request: RunRequest, exp: LabExpectation | None = None,
+                    metric_name: str = "") -> Sample:
             progress.started(label)
             result = run_lab(request, echo=False, on_line=progress.line)
-            sample = observe(result, exp, request) if exp else sample_of(result)
+            sample = observe(result, exp, request) if exp else timed(result, metric_name)
             progress.ended(f"ok in {result.wall_seconds:.0f} s" if result.ok else f"FAILED: {result.reason}")
             return sample
 
@@ -173,7 +204,7 @@ def execute(grade_plan: GradePlan, done: dict[tuple[str, int], list[Sample]],
             for repeat in range(1, grade_plan.repeats + 1):
                 if ref:
                     references.setdefault((lab, ws), []).append(
-                        one_run(f"{ref[0].name} for {lab} ws={ws} run {repeat}", ref[1]))
+                        one_run(f"{ref[0].name} for {lab} ws={ws} run {repeat}", ref[1], metric_name=ref[0].metric))
                 request = grade_plan.request(lab, ws)
                 done.setdefault((lab, ws), []).append(
                     one_run(f"{lab} ws={ws} run {repeat}/{grade_plan.repeats}", request, grade_plan.profile.labs[lab]))
@@ -184,8 +215,8 @@ def reference_rates(grade_plan: GradePlan, references: dict[tuple[str, int], lis
     """Each cell's reference rate: the mean of its reference runs. None where none succeeded."""
     rates: dict[tuple[str, int], float | None] = {}
     for (lab, ws), samples in references.items():
-        reference = REFERENCES[grade_plan.profile.labs[lab].reference]
-        values = [v for s in samples if s.status == "ok" and (v := metric(s.record, reference.metric))]
+        reference, _ = grade_plan.reference(lab, ws)  # type: ignore[misc]
+        values = [v for s in samples if s.status == "ok" and (v := sample_metric(s, reference.metric))]
         rates[lab, ws] = statistics.fmean(values) if values else None
     return rates
 

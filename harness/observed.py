@@ -35,6 +35,13 @@ The rules, per check:
   saved by more than one rank.
 - optimizer_steps_equal: every rank took the same number of optimizer steps.
 - observer: the observer itself ran without an error on every rank and all its files were readable.
+
+Throughput, timed by the harness (`throughput`): on each rank, the images of the training batches
+received after the run's first WARMUP_STEPS optimizer steps, over the time the training passes took
+from then (the first epoch from the end of step WARMUP_STEPS, each later one from its first draw
+from the loader) to their last step; the run's rate is the sum of the ranks' rates. This is the
+labs' own TrainClock rule (labs/common/training.py), measured from outside: the grade uses it, and a
+record claiming much more is a contradicted claim (compare_claims).
 """
 
 from __future__ import annotations
@@ -59,6 +66,10 @@ CLAIMS = {
     "optimizer_steps_equal": "optimizer_steps_equal",
     "process_group": "process_group",
 }
+WARMUP_STEPS = 3  # the first optimizer steps of a run, left out of its throughput (start-up)
+# A program times its own steps its own way (with or without loading the next batch, say): its
+# img_per_sec is a claim to contradict only when it exceeds the harness's by more than this factor.
+THROUGHPUT_CLAIM_FACTOR = 1.5
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,9 @@ class LoaderPass:
     steps: int
     batch_sizes: list[int]
     indices: list[int]
+    started: float | None = None  # the rank's perf_counter when the pass first drew from its loader
+    step_times: list[float] = field(default_factory=list)  # when each optimizer step of the pass ended
+    step_images: list[int] = field(default_factory=list)  # images the pass had handed out by each step
 
 
 @dataclass
@@ -122,7 +136,8 @@ def load(observe_dir: Path | str) -> Observations:
             observations.ranks[rank] = RankObservation(
                 rank=rank, process_groups=data["process_groups"], optimizer_steps=int(data["optimizer_steps"]),
                 passes=[LoaderPass(p["loader"], p["dataset_len"], p["sampler"], p["batches"], p["steps"],
-                                   p["batch_sizes"], p["indices"]) for p in data["loader_passes"]],
+                                   p["batch_sizes"], p["indices"], p.get("started"), p.get("step_times", []),
+                                   p.get("step_images", [])) for p in data["loader_passes"]],
                 saves=data["saves"], model=data["model"], errors=data["errors"])
         except (OSError, ValueError, KeyError, TypeError) as error:
             observations.problems.append(f"{path.name} unreadable ({type(error).__name__}: {error})")
@@ -147,12 +162,37 @@ def checks(observations: Observations, expected_backend: str, expected_world_siz
     ]
 
 
+def throughput(observations: Observations, warmup_steps: int = WARMUP_STEPS) -> float | None:
+    """Training images per second of the whole run as the harness timed it (the rule above); None
+    when a rank left no timed training after its warm-up (too few steps, or no observations)."""
+    rates = []
+    for rank in (observations.ranks[r] for r in sorted(observations.ranks)):
+        images, seconds, steps_before = 0, 0.0, 0
+        for epoch in rank.training_epochs:
+            timed = len(epoch.step_times)
+            if not timed or epoch.started is None or len(epoch.step_images) != timed:
+                return None  # observations of an older observer, or steps the observer could not place
+            warm = warmup_steps - steps_before  # steps of this epoch still in the warm-up
+            steps_before += timed
+            if warm >= timed:
+                continue
+            start, first = (epoch.started, 0) if warm <= 0 else \
+                (epoch.step_times[warm - 1], epoch.step_images[warm - 1])
+            images += epoch.step_images[-1] - first
+            seconds += epoch.step_times[-1] - start
+        if not images or seconds <= 0:
+            return None
+        rates.append(images / seconds)
+    return sum(rates) if rates else None
+
+
 def compare_claims(record: dict[str, Any] | None, observed: list[Check], measured_accuracy: float | None = None,
-                   accuracy_tolerance: float = 1e-6) -> list[Check]:
+                   accuracy_tolerance: float = 1e-6, measured_img_per_sec: float | None = None) -> list[Check]:
     """A failed check for each claim of the record that the harness observed to be false.
 
     A claim is a check the record says passed; the observed check it names (CLAIMS) failed. With
-    measured_accuracy (harness/evaluate.py), the record's final_accuracy is a claim too.
+    measured_accuracy (harness/evaluate.py), the record's final_accuracy is a claim too; with
+    measured_img_per_sec (`throughput`), its img_per_sec, beyond THROUGHPUT_CLAIM_FACTOR.
     """
     by_name = {check.name: check for check in observed}
     contradicted = []
@@ -166,6 +206,12 @@ def compare_claims(record: dict[str, Any] | None, observed: list[Check], measure
         contradicted.append(Check("claim:final_accuracy", False,
                                   f"record claims final_accuracy {claimed:.6g}, harness measured "
                                   f"{measured_accuracy:.6g} from rank 0's final weights"))
+    rate = ((record or {}).get("metrics") or {}).get("img_per_sec")
+    if measured_img_per_sec and isinstance(rate, (int, float)) \
+            and rate > THROUGHPUT_CLAIM_FACTOR * measured_img_per_sec:
+        contradicted.append(Check("claim:img_per_sec", False,
+                                  f"record claims img_per_sec {rate:.4g}, harness timed {measured_img_per_sec:.4g} "
+                                  f"from every rank's optimizer steps"))
     return contradicted
 
 

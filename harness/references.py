@@ -4,6 +4,13 @@ Absolute img/s or GB/s never carry from one CPU to the next (machines of one kin
 but a ratio measured side by side does: the lab against the tightest loop of the same work, at the
 same threads. One row per reference; `distlab grade` runs a reference just before the first cell
 that needs it (runner.run_lab, like any lab) and compares each run of the cell with it.
+
+A student's own program (`distlab grade --program`) is timed against the course's lab instead, in
+the same cell, launched alike and timed by the same observer (`course_lab`): only the program
+differs, so the profile's calibrated ratio (lab to plain loop) gives way to PROGRAM_RATIO_FLOOR of
+the lab's rate. A plain loop's ratio moves with the machine's load (cpu-grade's ddp at world size 2
+measured 0.41 idle, 0.66 beside two busy processes), which a program half as fast could hide in; the
+lab's ratio to itself does not.
 """
 
 from __future__ import annotations
@@ -12,9 +19,15 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.catalog import Lab
+from harness.profiles import LabExpectation
 from harness.runner import RUN_DIR_PLACEHOLDER, RunRequest
 
 HERE = Path(__file__).resolve().parent
+# Of the course lab's rate, for a student's program: halfway, geometrically, between as fast as the
+# lab (1) and half as fast (0.5), which must fail. Another way of loading or timing costs a correct
+# program a little, and the paired runs' noise under load was within 15% here.
+PROGRAM_RATIO_FLOOR = 0.7
 
 
 @dataclass(frozen=True)
@@ -27,6 +40,7 @@ class Reference:
     # work (at world size 1, one plain process): the machine shared as the lab's ranks share it.
     like_lab: bool
     summary: str
+    observed: bool = False  # timed by the harness's observer (a course training lab), not read from its record
 
     def request(self, lab_request: RunRequest) -> RunRequest:
         """The reference run for one cell of a lab: the lab's own arguments and threads."""
@@ -37,7 +51,22 @@ class Reference:
         launch = {} if self.like_lab else {"launcher": "torchrun" if several else "python",
                                            "backend": "gloo" if several else "none"}
         return dataclasses.replace(lab_request, lab=self.name, program=self.program, max_restarts=0,
-                                   lab_args=args, observe=False, **launch)
+                                   lab_args=args, observe=self.observed, **launch)
+
+
+def course_lab(lab: Lab, metric: str) -> Reference:
+    """The reference of a student's program: the course's own lab, run like the program and, where the
+    harness times the program's training itself (a data-parallel training lab), timed alike."""
+    return Reference(f"course-{lab.name}", lab.path, metric, like_lab=True, observed=lab.data_parallel,
+                     summary=f"the course's {lab.program} in the same cell, timed by the same observer")
+
+
+def against_course_lab(exp: LabExpectation) -> LabExpectation:
+    """A row graded with a student's program: each throughput ratio band asks PROGRAM_RATIO_FLOOR of
+    the course lab's rate, at the world sizes the profile grades."""
+    bands = tuple(dataclasses.replace(band, at_least_ratio={ws: PROGRAM_RATIO_FLOOR for ws in band.at_least_ratio})
+                  if band.at_least_ratio else band for band in exp.bands)
+    return dataclasses.replace(exp, bands=bands)
 
 
 def _without_run_paths(args: list[str]) -> list[str]:

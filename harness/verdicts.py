@@ -3,7 +3,10 @@
 Pure functions of the samples and the profile: measured, expected, pass/fail and why. Per run: the
 record's own correctness checks, the checks the profile requires, metric bands and the time budget.
 Across world sizes: accuracy within a delta of world size 1 (the LR scaling rule should keep it),
-and scaling efficiency T(n) / (n T(1)).
+and scaling efficiency T(n) / (n T(1)). Where the lab's throughput is a ratio to a reference loop
+measured beside it, efficiency is taken over the loop's own: (T(n) / R(n)) / (T(1) / R(1)), the
+share of the lab's scaling lost to its communication and synchronisation, with what the machine
+does to any n processes (too few cores, another program's load) divided out.
 """
 
 from __future__ import annotations
@@ -43,8 +46,10 @@ class Sample:
     wall_seconds: float
     record: dict[str, Any] | None
     observed: list[dict[str, Any]] = field(default_factory=list)  # harness/observed.py checks, as dicts
-    measured: dict[str, float] = field(default_factory=dict)  # metrics the harness measured (final_accuracy)
-    measure_error: str | None = None  # why a measurement could not be made
+    # Metrics the harness measured itself (final_accuracy, img_per_sec); None where it could not,
+    # and measure_errors says why.
+    measured: dict[str, float | None] = field(default_factory=dict)
+    measure_errors: dict[str, str] = field(default_factory=dict)
 
 
 def metric(record: dict[str, Any] | None, name: str) -> float | None:
@@ -70,7 +75,7 @@ def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample],
     values = [sample_metric(s, band.metric) for s in samples]
     expected = band.describe(world_size)
     if any(v is None for v in values):
-        unmeasured = [s.measure_error for s in samples if band.metric in s.measured and s.measure_error]
+        unmeasured = [s.measure_errors[band.metric] for s in samples if band.metric in s.measure_errors]
         return Verdict(lab, world_size, band.metric, "missing", expected, False,
                        f"the harness could not measure it: {unmeasured[0]}" if unmeasured else
                        f"the record lacks metrics.{band.metric} (a number); see labs/README.md")
@@ -158,9 +163,12 @@ def observed_verdicts(lab: str, world_size: int, samples: list[Sample]) -> list[
 
 
 def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]],
-                    accuracy_base: list[Sample] | None = None) -> list[Verdict]:
+                    accuracy_base: list[Sample] | None = None,
+                    references: dict[int, float | None] | None = None) -> list[Verdict]:
     """Accuracy invariance and throughput scaling, both against world size 1. `accuracy_base`: the
-    world-size-1 runs that accuracy is compared with when they are another row's (accuracy_reference)."""
+    world-size-1 runs that accuracy is compared with when they are another row's (accuracy_reference).
+    `references`: the lab's reference rate per world size, where its throughput is a ratio to one."""
+    references = references or {}
     verdicts: list[Verdict] = []
     ok = {ws: [s for s in samples if s.status == "ok"] for ws, samples in cells.items()}
     base_runs = [s for s in (accuracy_base if accuracy_base is not None else cells.get(1, [])) if s.status == "ok"]
@@ -192,9 +200,13 @@ def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]],
                                         f"needs {exp.throughput_metric} at world sizes 1 and {ws}"))
             else:
                 efficiency = scaling_efficiency(here, ws, base)
+                how = f"T({ws}) / ({ws} T(1)) with T = {exp.throughput_metric}"
+                if exp.reference and references.get(1) and references.get(ws):
+                    loop = scaling_efficiency(references[ws], ws, references[1])  # type: ignore[arg-type]
+                    how = f"{how} = {efficiency:.3f}, over the reference loop's own {loop:.3f} in this grade"
+                    efficiency /= loop
                 verdicts.append(Verdict(exp.lab, ws, "efficiency", f"{efficiency:.3f}",
-                                        f">= {exp.efficiency_min[ws]:g}", efficiency >= exp.efficiency_min[ws],
-                                        f"T({ws}) / ({ws} T(1)) with T = {exp.throughput_metric}"))
+                                        f">= {exp.efficiency_min[ws]:g}", efficiency >= exp.efficiency_min[ws], how))
     return verdicts
 
 
@@ -210,5 +222,6 @@ def evaluate(profile: Profile, labs: list[str], done: dict[tuple[str, int], list
         for ws in sorted(cells):
             verdicts += evaluate_cell(exp, ws, cells[ws], references.get((lab, ws)))
         base = done.get((exp.accuracy_reference, 1)) if exp.accuracy_reference else None
-        verdicts += evaluate_across(exp, cells, base)
+        verdicts += evaluate_across(exp, cells, base, {ws: rate for (name, ws), rate in references.items()
+                                                       if name == lab})
     return verdicts

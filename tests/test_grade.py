@@ -98,6 +98,23 @@ def test_accuracy_invariance_and_efficiency_across_world_sizes():
     assert verdicts[(4, "efficiency")].measured == "0.500" and not verdicts[(4, "efficiency")].passed
 
 
+def test_efficiency_against_a_reference_loop_divides_out_what_the_machine_does_to_n_processes():
+    # Four ranks on two cores: the loop itself only doubles (efficiency 0.5), so the lab's 0.5 is all
+    # the cores allow, and nothing lost to communication; a lab at 0.3 lost 40% to it.
+    exp = LabExpectation("ddp", (1, 4), efficiency_min={4: 0.8}, reference="train_loop")
+    loops = {1: 100.0, 4: 200.0}
+    cells = {1: [sample(img_per_sec=80)], 4: [sample(img_per_sec=160)]}
+    verdict = next(v for v in evaluate_across(exp, cells, references=loops) if v.check == "efficiency")
+    assert verdict.measured == "1.000" and verdict.passed
+    assert "= 0.500, over the reference loop's own 0.500 in this grade" in verdict.detail
+    cells[4] = [sample(img_per_sec=96)]
+    verdict = next(v for v in evaluate_across(exp, cells, references=loops) if v.check == "efficiency")
+    assert verdict.measured == "0.600" and not verdict.passed
+    # Without the loop's rates (it failed), the plain efficiency, said as such.
+    plain = next(v for v in evaluate_across(exp, cells, references={4: 200.0}) if v.check == "efficiency")
+    assert plain.measured == "0.300" and plain.detail == "T(4) / (4 T(1)) with T = img_per_sec"
+
+
 def write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "p.toml"
     path.write_text(text)
@@ -206,10 +223,12 @@ def test_calibration_of_a_cpu_lab_writes_ratios_to_its_reference_not_img_per_sec
     cells = {1: [sample(img_per_sec=v, final_accuracy=0.9) for v in (80, 90, 85)],
              2: [sample(img_per_sec=v, final_accuracy=0.89) for v in (120, 130, 140)]}
     table = calibrate.derive_lab({"world_sizes": [1, 2], "reference": "train_loop"}, "img_per_sec", cells,
-                                 {1: 100.0, 2: 200.0})
+                                 {1: 100.0, 2: 160.0})
     band = table["metrics"]["img_per_sec"]
     assert "expected" not in band  # no absolute figure: it would not hold on another CPU
-    assert band["at_least_ratio"] == {"1": round(0.6 * 85 / 100, 3), "2": round(0.6 * 130 / 200, 3)}
+    assert band["at_least_ratio"] == {"1": round(0.6 * 85 / 100, 3), "2": round(0.6 * 130 / 160, 3)}
+    # Efficiency over the loop's own, as the grade judges it: (130 / 170) / (160 / 200).
+    assert table["efficiency_min"] == {"2": round(0.5 * (130 / 170) / (160 / 200), 3)}
     # Faster than the bare loop is noise: the floor is 0.6 of the loop's rate, never more.
     faster = calibrate.derive_lab({"world_sizes": [1], "reference": "train_loop"}, "img_per_sec",
                                   {1: cells[1]}, {1: 50.0})
@@ -289,3 +308,27 @@ def test_the_training_reference_refuses_several_ranks_without_gloo(tmp_path):
     done = subprocess.run([sys.executable, str(REFERENCES["train_loop"].program), "--smoke"], env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "add --backend gloo" in done.stderr
+
+
+def test_a_students_program_is_timed_against_the_course_lab_in_the_same_cell(tmp_path):
+    import argparse
+
+    from harness import grade
+    from harness.references import PROGRAM_RATIO_FLOOR
+
+    student = tmp_path / "my_ddp.py"
+    student.write_text("print('a program')\n")
+    args = argparse.Namespace(profile=str(REPO / "harness/profiles/cpu-smoke.toml"), labs="baseline,ddp",
+                              program=[f"ddp={student}"], world_sizes=None, repeats=1, results=tmp_path, timeout=None)
+    plan = grade.plan(args)
+    assert plan.request("ddp", 2).program == student.resolve()
+    ref, course = plan.reference("ddp", 2)
+    # Launched like the program (the same launcher and backend), but the course's lab, observed alike.
+    assert ref.name == "course-ddp" and course.program == REPO / "labs/ddp/train.py" and course.observe
+    assert (course.launcher, course.backend) == (plan.request("ddp", 2).launcher, "gloo")
+    ratio = next(band for band in plan.profile.labs["ddp"].bands if band.at_least_ratio)
+    assert ratio.at_least_ratio == {1: PROGRAM_RATIO_FLOOR, 2: PROGRAM_RATIO_FLOOR}
+    # The rows without a program keep the profile's plain loop and its calibrated floor.
+    assert plan.reference("baseline", 1)[0].name == "train_loop"
+    shipped = profiles.load_profile(REPO / "harness/profiles/cpu-smoke.toml").labs["baseline"].bands
+    assert plan.profile.labs["baseline"].bands == shipped

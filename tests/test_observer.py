@@ -172,6 +172,49 @@ def test_order_check_not_applicable_with_one_epoch(tmp_path):
     assert not seen["replicas_identical"].passed  # no model observed: nothing vouches for the replicas
 
 
+def timed_epochs(tmp_path: Path, epochs_per_rank: dict[int, list[dict]]) -> observed.Observations:
+    """Observations of ranks whose training passes carry the observer's step timings."""
+    for rank, epochs in epochs_per_rank.items():
+        passes = [{"loader": 0, "dataset_len": 64, "sampler": "DistributedSampler", "batches": len(e["step_times"]),
+                   "steps": len(e["step_times"]), "batch_sizes": [8], "indices": [], **e} for e in epochs]
+        (tmp_path / f"rank.{rank}.json").write_text(json.dumps({
+            "schema": "distlab-observations", "rank": rank, "optimizer_steps": 8, "saves": [], "model": None,
+            "errors": [], "process_groups": [], "loader_passes": passes}))
+    return observed.load(tmp_path)
+
+
+def test_the_harness_times_training_after_the_warm_up_and_between_epochs_only(tmp_path):
+    # Rank 0: 8 images a step. Epoch 0 starts at t=0, steps end at 1, 2, 3, 5, 7: the warm-up (3 steps)
+    # ends at t=3, then 2 steps (16 images) in 4 s. Epoch 1 starts at t=100 (after evaluation): 3 steps
+    # in 6 s. 40 images in 10 s. Rank 1 the same, twice as fast: 40 images in 5 s. The run: 4 + 8.
+    def rank(scale: float) -> list[dict]:
+        return [{"started": 0.0, "step_times": [scale * t for t in (1, 2, 3, 5, 7)],
+                 "step_images": [8, 16, 24, 32, 40]},
+                {"started": 100.0, "step_times": [100 + scale * t for t in (2, 4, 6)], "step_images": [8, 16, 24]}]
+
+    observations = timed_epochs(tmp_path, {0: rank(1.0), 1: rank(0.5)})
+    assert observed.throughput(observations) == pytest.approx(4.0 + 8.0)
+    # Without a warm-up: from each epoch's start, 64 images in 7 + 6 s on rank 0, in 3.5 + 3 s on rank 1.
+    assert observed.throughput(observations, warmup_steps=0) == pytest.approx(64 / 13 + 64 / 6.5)
+
+
+def test_without_timed_training_there_is_no_throughput(tmp_path):
+    (tmp_path / "short").mkdir()
+    short = {"started": 0.0, "step_times": [1.0, 2.0, 3.0], "step_images": [8, 16, 24]}  # all warm-up
+    assert observed.throughput(timed_epochs(tmp_path / "short", {0: [short]})) is None
+    (tmp_path / "old").mkdir()  # an older observer's file: steps, but no timings
+    old = timed_epochs(tmp_path / "old", {0: [{"step_times": [1.0, 2.0, 3.0, 4.0]}]})
+    assert observed.throughput(old) is None
+
+
+def test_a_claimed_throughput_far_above_the_harness_timing_is_contradicted():
+    record = {"metrics": {"img_per_sec": 100.0}}
+    assert observed.compare_claims(record, [], measured_img_per_sec=80.0) == []  # its own clock, a little apart
+    claims = observed.compare_claims(record, [], measured_img_per_sec=50.0)
+    assert [c.name for c in claims] == ["claim:img_per_sec"] and not claims[0].passed
+    assert "record claims img_per_sec 100, harness timed 50" in claims[0].detail
+
+
 # ------------------------------------------------------------------------------------------------- the real labs
 
 
@@ -191,6 +234,15 @@ def test_ddp_lab_passes_every_observed_check(ddp_lab):
     assert observed.compare_claims(record, checks) == []
     # The lab's ranks end with equal parameters but their own BatchNorm statistics: allowed, and said.
     assert "buffers differ" in by_name(checks)["replicas_identical"].detail
+
+
+@pytest.mark.integration
+def test_the_harness_times_the_lab_as_its_own_clock_does(ddp_lab):
+    """The observer's timing brackets the same steps as the lab's TrainClock (from step 3 on, training
+    only): the two agree closely, though the program's clock is never what the grade reads."""
+    observe_dir, _, record = ddp_lab
+    timed = observed.throughput(observed.load(observe_dir))
+    assert timed is not None and timed / record["metrics"]["img_per_sec"] == pytest.approx(1.0, abs=0.2)
 
 
 @pytest.mark.integration

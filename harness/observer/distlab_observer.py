@@ -8,15 +8,18 @@ wait for the program to import torch (and horovod.torch); nothing is imported be
 - the data: every sample index each DataLoader handed out, one list per pass over the loader (an
   epoch), with the dataset's length and the optimizer steps taken during that pass: passes with
   steps are training, passes without are evaluation;
-- the optimizer steps (torch's global step hooks, so Horovod's DistributedOptimizer too);
+- the optimizer steps (torch's global step hooks, so Horovod's DistributedOptimizer too), each with
+  the time it ended and the images its pass had handed out by then: the harness times training
+  itself, rather than reading the program's img_per_sec;
 - every torch.save, by resolved path, followed through a rename (checkpoints are written to a
   temporary file and renamed into place);
 - at exit: the model the optimizers trained (found from their parameters), its state's digests and,
   on rank 0, the state itself (final_weights.pt), so the harness can evaluate it on its own.
 
 Everything goes to <directory>/rank.<r>.json at exit, written atomically; nothing is written per step.
-The hooks cost a list append per batch and a counter per step. Any failure of the observer is
-caught and written to <directory>/observer-errors.<pid>.txt: the program runs as it would without it.
+The hooks cost a list append per batch, a clock read and two array appends per step. Any failure of
+the observer is caught and written to <directory>/observer-errors.<pid>.txt: the program runs as it
+would without it.
 The digest functions at the end are shared with harness/evaluate.py.
 """
 
@@ -27,6 +30,7 @@ import functools
 import importlib.abc
 import os
 import sys
+import time
 import traceback
 from array import array
 from collections.abc import Callable
@@ -117,7 +121,8 @@ class LoaderPass:
     """One pass over one DataLoader: the indices it handed out, batch by batch."""
 
     __slots__ = ("loader", "dataset", "dataset_len", "sampler", "indices", "batch_lengths", "yielded",
-                 "steps_start", "steps_end", "non_integer")
+                 "steps_start", "steps_end", "non_integer", "started", "images_yielded", "step_times",
+                 "step_images")
 
     def __init__(self, loader: int, dataset: int, dataset_len: int | None, sampler: str, steps: int) -> None:
         self.loader, self.dataset, self.dataset_len, self.sampler = loader, dataset, dataset_len, sampler
@@ -126,6 +131,20 @@ class LoaderPass:
         self.yielded = 0
         self.steps_start = self.steps_end = steps
         self.non_integer = False
+        # The clock of this process only (perf_counter): times are compared within one rank.
+        self.started = time.perf_counter()
+        self.images_yielded = 0  # samples in the batches the loop has received so far
+        self.step_times = array("d")  # when each optimizer step taken during this pass ended
+        self.step_images = array("q")  # images_yielded at that step
+
+    def yielded_batch(self) -> None:
+        if self.yielded < len(self.batch_lengths):  # a loader hands batches out in the order it drew them
+            self.images_yielded += self.batch_lengths[self.yielded]
+        self.yielded += 1
+
+    def stepped(self) -> None:
+        self.step_times.append(time.perf_counter())
+        self.step_images.append(self.images_yielded)
 
     def add(self, index: Any) -> None:
         if isinstance(index, int):  # a loader without batching hands out one index at a time
@@ -150,7 +169,8 @@ class LoaderPass:
         return {"loader": self.loader, "dataset": self.dataset, "dataset_len": self.dataset_len,
                 "sampler": self.sampler, "batches": self.yielded, "steps": self.steps_end - self.steps_start,
                 "batch_sizes": sorted(set(self.batch_lengths[:self.yielded])), "non_integer": self.non_integer,
-                "indices": self.indices[:kept].tolist()}
+                "indices": self.indices[:kept].tolist(), "started": self.started,
+                "step_times": self.step_times.tolist(), "step_images": self.step_images.tolist()}
 
 
 class Observer:
@@ -164,6 +184,7 @@ class Observer:
         self.datasets: dict[int, tuple[int, Any]] = {}
         self.steps = 0
         self.step_depth = 0
+        self.last_batch_from: LoaderPass | None = None  # the pass whose batch the loop received last
         self.optimizers: list[Any] = []  # kept alive: the program's may be gone by exit
         self.model: Any = None
         self.saves: list[dict[str, Any]] = []
@@ -295,7 +316,9 @@ class Observer:
         current = iterator.__dict__.get("_distlab_pass")
         if current is not None:
             current[1].steps_end = self.steps
-            current[1].yielded += yielded
+            if yielded:
+                current[1].yielded_batch()
+                self.last_batch_from = current[1]
 
     def _hook_optimizer(self, torch: Any) -> None:
         # Global hooks fire around every Optimizer.step. A wrapper optimizer whose step calls its base
@@ -308,6 +331,8 @@ class Observer:
             if self.step_depth > 0:
                 return
             self.steps += 1
+            if self.last_batch_from is not None:  # the step trained on that pass's batches
+                self.last_batch_from.stepped()
             if not self.optimizers or optimizer is not self.optimizers[-1]:
                 self.guard("optimizer", self._note_optimizer, optimizer)
 
