@@ -63,7 +63,9 @@ def course_lab(lab: Lab, metric: str) -> Reference:
 
 def against_course_lab(exp: LabExpectation) -> LabExpectation:
     """A row graded with a student's program: each throughput ratio band asks PROGRAM_RATIO_FLOOR of
-    the course lab's rate, at the world sizes the profile grades."""
+    the course lab's rate, at the world sizes the profile grades. (Its efficiency is then taken over
+    the course lab's own, so the profile's floor for it, set for the lab over the plain loop, is lax:
+    the ratio at each world size is what bites.)"""
     bands = tuple(dataclasses.replace(band, at_least_ratio={ws: PROGRAM_RATIO_FLOOR for ws in band.at_least_ratio})
                   if band.at_least_ratio else band for band in exp.bands)
     return dataclasses.replace(exp, bands=bands)

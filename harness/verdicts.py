@@ -203,7 +203,7 @@ def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]],
                 how = f"T({ws}) / ({ws} T(1)) with T = {exp.throughput_metric}"
                 if exp.reference and references.get(1) and references.get(ws):
                     loop = scaling_efficiency(references[ws], ws, references[1])  # type: ignore[arg-type]
-                    how = f"{how} = {efficiency:.3f}, over the reference loop's own {loop:.3f} in this grade"
+                    how = f"{how} = {efficiency:.3f}, over its reference's own {loop:.3f} in this grade"
                     efficiency /= loop
                 verdicts.append(Verdict(exp.lab, ws, "efficiency", f"{efficiency:.3f}",
                                         f">= {exp.efficiency_min[ws]:g}", efficiency >= exp.efficiency_min[ws], how))

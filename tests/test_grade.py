@@ -106,7 +106,7 @@ def test_efficiency_against_a_reference_loop_divides_out_what_the_machine_does_t
     cells = {1: [sample(img_per_sec=80)], 4: [sample(img_per_sec=160)]}
     verdict = next(v for v in evaluate_across(exp, cells, references=loops) if v.check == "efficiency")
     assert verdict.measured == "1.000" and verdict.passed
-    assert "= 0.500, over the reference loop's own 0.500 in this grade" in verdict.detail
+    assert "= 0.500, over its reference's own 0.500 in this grade" in verdict.detail
     cells[4] = [sample(img_per_sec=96)]
     verdict = next(v for v in evaluate_across(exp, cells, references=loops) if v.check == "efficiency")
     assert verdict.measured == "0.600" and not verdict.passed
