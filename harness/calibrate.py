@@ -40,6 +40,7 @@ from harness import doctor, grade, profiles
 from harness.catalog import LABS
 from harness.console import console
 from harness.profiles import Profile
+from harness.stats import efficiency as scaling_efficiency
 from harness.stats import mean_ci
 from harness.usage import UsageError
 from harness.verdicts import Sample, sample_metric
@@ -91,9 +92,9 @@ def derive_lab(template: dict[str, Any], exp_metric: str, cells: dict[int, list[
                                    "at_least_fraction": round(min(0.7, max(0.3, min(fractions))), 3)}
         loops = references or {}
         if 1 in means and means[1]:
-            efficiency = {ws: means[ws] / (ws * means[1]) for ws in means if ws != 1}
+            efficiency = {ws: scaling_efficiency(means[ws], ws, means[1]) for ws in means if ws != 1}
             if template.get("reference"):  # over the loop's own scaling, where it ran at both sizes
-                efficiency = {ws: e / (loops[ws] / (ws * loops[1])) for ws, e in efficiency.items()
+                efficiency = {ws: e / scaling_efficiency(loops[ws], ws, loops[1]) for ws, e in efficiency.items()
                               if loops.get(ws) and loops.get(1)}
             table["efficiency_min"] = {str(ws): round(EFFICIENCY_FLOOR * e, 3) for ws, e in efficiency.items()}
     accuracy = {ws: [v for s in samples if (v := sample_metric(s, ACCURACY)) is not None]

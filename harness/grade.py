@@ -110,11 +110,10 @@ def plan(args: argparse.Namespace) -> GradePlan:
         if not Path(path).is_file():
             raise UsageError(f"program {path} for lab {lab} does not exist")
         programs[lab] = Path(path).resolve()
-    graded = {row: against_course_lab(exp) if row in programs or exp.catalog_lab in programs else exp
-              for row, exp in profile.labs.items()}
-    profile = dataclasses.replace(profile, labs=graded)
     grade_plan = GradePlan(profile, labs, args.world_sizes, args.repeats, programs, args.results, args.timeout,
                            gpus=host["gpus"])
+    grade_plan.profile = dataclasses.replace(profile, labs={
+        row: against_course_lab(exp) if grade_plan.program(row) else exp for row, exp in profile.labs.items()})
     if not grade_plan.cells():
         raise UsageError("nothing to run: no lab of the profile runs at the world sizes given")
     for lab, ws in grade_plan.cells():

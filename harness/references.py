@@ -45,7 +45,8 @@ class Reference:
     def request(self, lab_request: RunRequest) -> RunRequest:
         """The reference run for one cell of a lab: the lab's own arguments and threads."""
         # The lab's own paths in its run directory (a checkpoint) mean nothing to the reference; left
-        # out, cells that differ only in them share one reference measurement. Nothing to observe.
+        # out, cells that differ only in them share one reference measurement. Observed only when
+        # it is timed like the program it stands beside (`observed`).
         args = _without_run_paths(lab_request.lab_args)
         several = lab_request.world_size > 1
         launch = {} if self.like_lab else {"launcher": "torchrun" if several else "python",
