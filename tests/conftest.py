@@ -38,10 +38,10 @@ def _load(path: Path) -> dict[str, Any] | None:
 def pytest_runtest_protocol(item, nextitem):
     """Tests marked `alone` get the machine to themselves; every other test shares it.
 
-    The suite runs two workers on two cores, and what one worker runs slows the other by anything
+    The suite runs three workers on two cores, and what one worker runs slows another by anything
     from nothing to 3x (a 4-rank run beside a 2-rank one). No ratio floor survives that, so a test
-    that asserts a speed verdict waits for the other worker's test to end and keeps it waiting until
-    it is done: a readers-writer lock on two files, shared by the workers of one session. Held around
+    that asserts a speed verdict waits for the other workers' tests to end and keeps them waiting
+    until it is done: a readers-writer lock on two files, shared by the workers of one session. Held around
     the whole item, so the module fixtures it sets up or tears down run inside it too. Whoever waits
     for the machine holds the gate, so a test marked `alone` is not starved by the shared ones."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one process: nothing runs beside the test
@@ -66,30 +66,35 @@ def results(tmp_path: Path) -> Path:
     return tmp_path / "results"
 
 
+def run_lab(results: Path, lab: str, world_size: int, lab_args: list[str] | tuple[str, ...] = (),
+            launcher: str | None = None, backend: str | None = None, threads: int | None = 1, timeout: float = 300,
+            extra: list[str] | tuple[str, ...] = ()) -> LabRun:
+    """`distlab run LAB` into `results`, as a user runs it; what it printed and left behind."""
+    args = ["run", lab, "--world-size", str(world_size), "--results", str(results), "--timeout", str(timeout)]
+    if launcher:
+        args += ["--launcher", launcher]
+    if backend:
+        args += ["--backend", backend]
+    if threads:
+        args += ["--threads", str(threads)]
+    args += [*extra, "--", *lab_args]
+    done = run_distlab(args, timeout=timeout + 120)
+    output = done.stdout + done.stderr
+    run_dir = None
+    for line in output.splitlines():
+        if line.startswith("run directory: "):
+            run_dir = Path(line.split(": ", 1)[1].strip())
+    return LabRun(done.returncode, output, run_dir,
+                  _load(run_dir / "record.json") if run_dir else None,
+                  _load(run_dir / "run.json") if run_dir else None)
+
+
 @pytest.fixture
 def distlab_run(results: Path):
     """result = distlab_run("ddp", world_size=2, lab_args=["--smoke"], launcher=None, backend=None)"""
 
-    def run(lab: str, world_size: int, lab_args: list[str] | tuple[str, ...] = (), launcher: str | None = None,
-            backend: str | None = None, threads: int | None = 1, timeout: float = 300,
-            extra: list[str] | tuple[str, ...] = ()) -> LabRun:
-        args = ["run", lab, "--world-size", str(world_size), "--results", str(results), "--timeout", str(timeout)]
-        if launcher:
-            args += ["--launcher", launcher]
-        if backend:
-            args += ["--backend", backend]
-        if threads:
-            args += ["--threads", str(threads)]
-        args += [*extra, "--", *lab_args]
-        done = run_distlab(args, timeout=timeout + 120)
-        output = done.stdout + done.stderr
-        run_dir = None
-        for line in output.splitlines():
-            if line.startswith("run directory: "):
-                run_dir = Path(line.split(": ", 1)[1].strip())
-        return LabRun(done.returncode, output, run_dir,
-                      _load(run_dir / "record.json") if run_dir else None,
-                      _load(run_dir / "run.json") if run_dir else None)
+    def run(lab: str, world_size: int, lab_args: list[str] | tuple[str, ...] = (), **options: Any) -> LabRun:
+        return run_lab(results, lab, world_size, lab_args, **options)
 
     return run
 

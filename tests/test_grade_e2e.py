@@ -1,13 +1,12 @@
-"""`distlab grade` end to end on the CPU smoke profile, a broken student program, and bad input."""
+"""`distlab grade` end to end on the CPU smoke profile, a program that breaks the contract, and bad input.
+
+Students' programs that break the rules of data parallelism: tests/test_grade_mutations.py."""
 
 import json
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 from conftest import run_distlab
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -36,7 +35,7 @@ def test_grade_smoke_profile_at_world_sizes_1_and_2(tmp_path):
     report = next(results.glob("grade/*"))
     verdicts = json.loads((report / "verdicts.json").read_text())
     checks = {(v["lab"], v["world_size"], v["check"]): v["passed"] for v in verdicts}
-    # Throughput is compared but not asserted here: this suite runs two workers on two cores,
+    # Throughput is compared but not asserted here: this suite runs three workers on two cores,
     # so speed and wall time say nothing (benchmarks measure them). Everything else must pass.
     throughput = [v for v in verdicts if v["check"] == "img_per_sec_ratio"]  # against the in-memory loop
     assert throughput and all(v["measured"] != "missing" and "reference" in v["detail"] for v in throughput)
@@ -55,22 +54,6 @@ def test_grade_smoke_profile_at_world_sizes_1_and_2(tmp_path):
     assert "data:image/png;base64," in (report / "report.html").read_text()
     summary = json.loads((report / "summary.json").read_text())
     assert summary["harness_overhead"] >= 1.0
-
-
-@pytest.mark.integration
-def test_a_program_that_forgets_set_epoch_is_graded_failing_with_the_reason(tmp_path):
-    source = (REPO / "labs/ddp/train.py").read_text()
-    assert "sampler.set_epoch(epoch)" in source
-    broken = tmp_path / "student_ddp.py"
-    broken.write_text(source.replace("sampler.set_epoch(epoch)", "pass  # forgot set_epoch"))
-    done = run_distlab(["grade", "--profile", "cpu-smoke", "--labs", "ddp", "--world-sizes", "2",
-                        "--program", f"ddp={broken}", "--results", str(tmp_path / "results")], timeout=600)
-    assert done.returncode == 1
-    assert "FAIL" in done.stdout
-    verdicts = json.loads(next((tmp_path / "results").glob("grade/*/verdicts.json")).read_text())
-    failed = {v["check"]: v for v in verdicts if v["passed"] is False}
-    assert "same order" in failed["observed:order_changes_per_epoch"]["detail"]  # what the harness saw
-    assert "order_changes_per_epoch" in failed["run"]["detail"]  # and the lab's own check said so too
 
 
 @pytest.mark.integration

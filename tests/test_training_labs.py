@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_lab
 
 from harness import bench_train
 from harness.record import validate
@@ -68,28 +69,38 @@ def test_a_crashed_run_resumes_where_its_checkpoint_left_off(distlab_run, tmp_pa
     assert horovod.record["metrics"]["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-4)
 
 
+def oracle_run(run, name: str, world_size: int, batch: int, lr: float, checkpoint: Path,
+               extra: list[str] | tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
+    """The final parameters of one oracle run with this per-process batch and --lr."""
+    result = run(name, world_size, [*ORACLE, "--batch-size", str(batch), "--lr", str(lr),
+                                    "--checkpoint", str(checkpoint), *extra])
+    assert result.returncode == 0, result.output
+    assert result.record["metrics"]["global_batch"] == 32
+    return torch.load(checkpoint, weights_only=True)["model"]
+
+
+@pytest.fixture(scope="module")
+def baseline_params(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The baseline's parameters after the oracle's 4 steps: one run, for every lab compared with it."""
+    where = tmp_path_factory.mktemp("oracle-baseline")
+    params = oracle_run(lambda *a: run_lab(where / "results", *a), "baseline", 1, 32, 0.02, where / "baseline.pt")
+    torch.manual_seed(0)  # the labs' default --seed: the same initial weights
+    moved = max_difference(params, build_model("standard").state_dict())
+    assert moved > 1e-3, "the oracle is meaningless if training did not move the parameters"
+    return params
+
+
 @pytest.mark.parametrize(("lab", "extra"), [
     ("ddp", []),
     ("ddp", ["--accumulate", "2"]),  # no_sync on the first of 2 micro-batches of 8
     ("horovod", ["--accumulate", "2"]),  # backward_passes_per_step=2
 ], ids=["ddp", "ddp-accumulate", "horovod-accumulate"])
-def test_ddp_and_horovod_take_the_baselines_steps(distlab_run, tmp_path, lab, extra):
+def test_ddp_and_horovod_take_the_baselines_steps(distlab_run, baseline_params, tmp_path, lab, extra):
     # Same seed, same global batch of 32: the baseline with 32 images in one process, the distributed
     # lab with 16 per rank on 2 ranks. It scales --lr by the world size (linear scaling rule), so it
     # gets half the baseline's --lr for the same step size.
-    params = {}
-    for name, world_size, batch, lr, lab_args in [("baseline", 1, 32, 0.02, []), (lab, 2, 16, 0.01, extra)]:
-        checkpoint = tmp_path / f"{name}.pt"
-        result = distlab_run(name, world_size, [*ORACLE, "--batch-size", str(batch), "--lr", str(lr),
-                                                "--checkpoint", str(checkpoint), *lab_args])
-        assert result.returncode == 0, result.output
-        assert result.record["metrics"]["global_batch"] == 32
-        params[name] = torch.load(checkpoint, weights_only=True)["model"]
-
-    torch.manual_seed(0)  # the labs' default --seed: the same initial weights
-    moved = max_difference(params["baseline"], build_model("standard").state_dict())
-    assert moved > 1e-3, "the oracle is meaningless if training did not move the parameters"
-    assert max_difference(params["baseline"], params[lab]) < ORACLE_ATOL
+    params = oracle_run(distlab_run, lab, 2, 16, 0.01, tmp_path / f"{lab}.pt", extra)
+    assert max_difference(baseline_params, params) < ORACLE_ATOL
 
 
 RECORD_RUNS = [
