@@ -4,10 +4,15 @@ Only the harness's view of the host is replaced (its GPU count); nothing here pr
 happened. The real GPU runs are `make gpu-acceptance` on a GPU host.
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from harness import request as requests
 from harness.catalog import LABS, backend_for
+from labs.common import host
 
 
 @pytest.mark.parametrize(("gpus", "world_size", "backend"), [
@@ -96,3 +101,12 @@ def test_each_rank_drives_the_gpu_of_its_local_rank(monkeypatch):
     for local_rank in (0, 5, 7):
         assert training.pick_device(argparse.Namespace(device="cuda"), local_rank) == torch.device("cuda", local_rank)
     assert training.pick_device(argparse.Namespace(device="cpu"), 5) == torch.device("cpu")
+
+
+@pytest.mark.skipif(any(os.path.exists(p) for p in host.GPU_DRIVER_PATHS), reason="this host has a GPU driver")
+def test_a_host_without_a_gpu_driver_counts_no_gpu_without_importing_torch(monkeypatch, tmp_path):
+    probe = "import sys; from labs.common.host import gpu_count; print(gpu_count(), 'torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["0", "False"]  # every distlab command asks: 1.4 s of CPU saved each time
+    monkeypatch.setattr(host, "GPU_DRIVER_PATHS", (str(tmp_path),))  # a driver seems present: torch answers
+    assert host.gpu_count() == 0
