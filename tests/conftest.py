@@ -41,24 +41,21 @@ def pytest_runtest_protocol(item, nextitem):
     The suite runs three workers on two cores, and what one worker runs slows another by anything
     from nothing to 3x (a 4-rank run beside a 2-rank one). No ratio floor survives that, so a test
     that asserts a speed verdict waits for the other workers' tests to end and keeps them waiting
-    until it is done: a readers-writer lock on two files, shared by the workers of one session. Held around
-    the whole item, so the module fixtures it sets up or tears down run inside it too. Whoever waits
-    for the machine holds the gate, so a test marked `alone` is not starved by the shared ones."""
+    until it is done: a readers-writer lock on two files, shared by the workers of one session.
+    Held around the whole item, so the module fixtures it sets up or tears down run inside it too.
+    Whoever waits for the machine holds the gate, so a test marked `alone` is not starved by the
+    shared ones."""
     if os.environ.get("PYTEST_XDIST_WORKER") is None:  # one process: nothing runs beside the test
         yield
         return
-    folder = Path(item.config.option.basetemp).parent  # xdist gives each worker a folder in the session's
+    folder = Path(item.config.option.basetemp).parent  # xdist puts each worker's basetemp in the session's
     alone = item.get_closest_marker("alone") is not None
     with open(folder / "gate.lock", "a") as gate, open(folder / "machine.lock", "a") as machine:
         fcntl.flock(gate, fcntl.LOCK_EX)
         fcntl.flock(machine, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         if not alone:
             fcntl.flock(gate, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(machine, fcntl.LOCK_UN)
-            fcntl.flock(gate, fcntl.LOCK_UN)
+        yield  # closing the files releases what is still held
 
 
 @pytest.fixture
