@@ -7,8 +7,11 @@ set the lab's own flags describe, all of it in one pass and on one process.
 
     python -m harness.evaluate --observe-dir RUN/observe -- --smoke --seed 0    # the lab's argv
 
-prints one JSON object: accuracy, correct, total, the digests, or error. The grader calls
-`measure()`, which runs that in a subprocess, so the grading process never loads torch.
+prints one JSON object: accuracy, correct, total, the digests, or error. The grader keeps one
+such process for the whole grade (`Evaluator`, `--serve`: one JSON request per line on stdin, one
+answer per line): the grading process never loads torch, and the evaluating one loads it once, not
+once per run (about 4 s of CPU each on a 2-core machine). It only reads what a run left behind,
+between runs, so it cannot disturb one.
 
 Rank 0's weights on the whole test set is the canonical measure. A data-parallel lab reports the
 sum of each rank's count on its own shard, each with that rank's own BatchNorm running statistics
@@ -19,10 +22,13 @@ most, even for an honest lab.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import select
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,23 +37,77 @@ WEIGHTS_FILE = "final_weights.pt"
 BACKENDS = ["gloo", "nccl", "mpi", "horovod", "none"]  # any backend the lab ran with: it does not matter here
 
 
+class Evaluator:
+    """One evaluation process, started at the first request and kept for the next ones; a new one
+    after a timeout or a crash. Close it (or use `with`): no process is left behind."""
+
+    def __init__(self, python: str = sys.executable, timeout_s: float = 300.0) -> None:
+        self.python, self.timeout_s = python, timeout_s
+        self.process: subprocess.Popen[str] | None = None
+        self.stderr: Any = None  # a temporary file: its last line says why a process ended
+        self.ended = ""  # ... that line, once it has
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        self.close(kill=kind is not None)  # stopped (Ctrl-C): its answer is not wanted
+
+    def _start(self) -> subprocess.Popen[str]:
+        env = {name: value for name, value in os.environ.items() if name != "DISTLAB_OBSERVE_DIR"}  # not observed
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - open while the process lives
+        # A session of its own: Ctrl-C on the terminal is the grade's to handle, and close() ends it.
+        return subprocess.Popen([self.python, "-m", "harness.evaluate", "--serve"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=self.stderr, text=True, cwd=REPO, env=env,
+                                start_new_session=True)
+
+    def measure(self, observe_dir: Path | str, lab_args: list[str]) -> dict[str, Any]:
+        """Rank 0's final weights in `observe_dir` evaluated; "error" says why not."""
+        if self.process is None or self.process.poll() is not None:
+            self.close()
+            self.process = self._start()
+        request = json.dumps({"observe_dir": str(observe_dir), "lab_args": lab_args})
+        try:
+            self.process.stdin.write(request + "\n")  # type: ignore[union-attr]
+            self.process.stdin.flush()  # type: ignore[union-attr]
+            ready, _, _ = select.select([self.process.stdout], [], [], self.timeout_s)
+            line = self.process.stdout.readline() if ready else None  # type: ignore[union-attr]
+        except OSError:  # the process is gone: its stderr says why
+            line = ""
+        if line is None:
+            self.close(kill=True)
+            return {"accuracy": None, "error": f"evaluation took longer than {self.timeout_s:g} s"}
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:  # no answer: the process ended, and its stderr says why
+            self.close(kill=True)
+            return {"accuracy": None, "error": self.ended}
+
+    def close(self, kill: bool = False) -> None:
+        """End the process: at the end of its input (it is idle between requests), or, with `kill`,
+        killed unless it ends within 2 s."""
+        if self.process is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()  # type: ignore[union-attr]
+            try:
+                self.process.wait(timeout=2 if kill else 10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+            self.process.stdout.close()  # type: ignore[union-attr]
+            self.stderr.seek(0)
+            tail = (self.stderr.read().strip().splitlines() or ["no output"])[-1]
+            self.ended = f"evaluation exited with code {self.process.returncode}: {tail}"
+            self.stderr.close()
+            self.process = self.stderr = None
+
+
 def measure(observe_dir: Path | str, lab_args: list[str], python: str = sys.executable,
             timeout_s: float = 300.0) -> dict[str, Any]:
-    """Run the evaluation in a fresh process; returns its JSON (with "error" on any failure)."""
-    env = {name: value for name, value in os.environ.items() if name != "DISTLAB_OBSERVE_DIR"}  # not observed
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    command = [python, "-m", "harness.evaluate", "--observe-dir", str(observe_dir), "--", *lab_args]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=REPO, env=env,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return {"accuracy": None, "error": f"evaluation took longer than {timeout_s:g} s"}
-    lines = done.stdout.strip().splitlines()
-    try:
-        return json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"accuracy": None, "error": f"evaluation exited with code {done.returncode}: {tail}"}
+    """One evaluation in a fresh process; returns its JSON (with "error" on any failure)."""
+    with Evaluator(python, timeout_s) as evaluator:
+        return evaluator.measure(observe_dir, lab_args)
 
 
 def evaluate(observe_dir: Path, lab_args: list[str]) -> dict[str, Any]:
@@ -97,18 +157,44 @@ def evaluate(observe_dir: Path, lab_args: list[str]) -> dict[str, Any]:
             "train_size": args.train_size, "error": None}  # train_size: for observed.checks(train_set_size=...)
 
 
+def answer(observe_dir: Path, lab_args: list[str]) -> dict[str, Any]:
+    """`evaluate`, with every failure turned into an "error": one JSON answer whatever happens."""
+    try:
+        return evaluate(observe_dir, lab_args)
+    except SystemExit as stop:  # the shared parser refusing the lab's flags
+        return {"accuracy": None, "error": f"the lab's arguments do not parse (exit {stop.code})"}
+    except Exception as error:  # noqa: BLE001
+        return {"accuracy": None, "error": f"{type(error).__name__}: {error}"}
+
+
+def serve() -> int:
+    """Answer one request per line of stdin, until it ends. Only the answers go to stdout: whatever
+    else is printed (a library's warning) goes to stderr."""
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    try:
+        for line in sys.stdin:
+            request = json.loads(line)
+            answers.write(json.dumps(answer(Path(request["observe_dir"]), request["lab_args"])) + "\n")
+            answers.flush()
+    except KeyboardInterrupt:  # the grade was stopped: it closes this process itself
+        return 130
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--observe-dir", type=Path, required=True, help="the run's observe directory")
+    parser.add_argument("--observe-dir", type=Path, help="the run's observe directory")
+    parser.add_argument("--serve", action="store_true",
+                        help="answer JSON requests {observe_dir, lab_args}, one per line of stdin")
     parser.add_argument("lab_args", nargs=argparse.REMAINDER, help="-- then the lab's arguments, as launched")
     options = parser.parse_args(argv)
+    if options.serve:
+        return serve()
+    if options.observe_dir is None:
+        parser.error("--observe-dir is required (or --serve)")
     lab_args = options.lab_args[1:] if options.lab_args[:1] == ["--"] else options.lab_args
-    try:
-        result = evaluate(options.observe_dir, lab_args)
-    except SystemExit as stop:  # the shared parser refusing the lab's flags
-        result = {"accuracy": None, "error": f"the lab's arguments do not parse (exit {stop.code})"}
-    except Exception as error:  # noqa: BLE001 - one JSON line whatever happens
-        result = {"accuracy": None, "error": f"{type(error).__name__}: {error}"}
+    result = answer(options.observe_dir, lab_args)
     print(json.dumps(result), flush=True)
     return 0 if result.get("error") is None else 1
 

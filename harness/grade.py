@@ -151,7 +151,7 @@ def timed(result: RunResult, metric_name: str) -> Sample:
     return sample
 
 
-def observe(result: RunResult, exp: LabExpectation, request: RunRequest) -> Sample:
+def observe(result: RunResult, exp: LabExpectation, request: RunRequest, evaluator: evaluate.Evaluator) -> Sample:
     """A run as the grader judges it. For a data-parallel training lab, what the harness saw itself:
     the checks computed from every rank's observations, its training throughput, the accuracy of
     rank 0's final weights measured on the test set, and every claim of the record that these
@@ -164,7 +164,7 @@ def observe(result: RunResult, exp: LabExpectation, request: RunRequest) -> Samp
         return sample
     lab_args = [arg.replace(RUN_DIR_PLACEHOLDER, str(result.run_dir)) for arg in request.lab_args]
     # Measured always, graded where the profile has an accuracy band: a claim is compared either way.
-    measurement = evaluate.measure(observe_dir, lab_args, python=request.python)
+    measurement = evaluator.measure(observe_dir, lab_args)
     sample.measured[exp.accuracy_metric] = measurement.get("accuracy")
     if measurement.get("error"):
         sample.measure_errors[exp.accuracy_metric] = measurement["error"]
@@ -188,13 +188,14 @@ def execute(grade_plan: GradePlan, done: dict[tuple[str, int], list[Sample]],
     references = {} if references is None else references
     cells = grade_plan.cells()
     paired = sum(grade_plan.reference(*cell) is not None for cell in cells)
-    with run_progress((len(cells) + paired) * grade_plan.repeats) as progress:
+    # One evaluating process for the grade's runs, between them (harness/evaluate.py).
+    with run_progress((len(cells) + paired) * grade_plan.repeats) as progress, evaluate.Evaluator() as evaluator:
 
         def one_run(label: str, request: RunRequest, exp: LabExpectation | None = None,
                     metric_name: str = "") -> Sample:
             progress.started(label)
             result = run_lab(request, echo=False, on_line=progress.line)
-            sample = observe(result, exp, request) if exp else timed(result, metric_name)
+            sample = observe(result, exp, request, evaluator) if exp else timed(result, metric_name)
             progress.ended(f"ok in {result.wall_seconds:.0f} s" if result.ok else f"FAILED: {result.reason}")
             return sample
 

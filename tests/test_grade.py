@@ -285,7 +285,7 @@ def test_each_run_of_a_cell_follows_a_reference_run_of_its_own_at_the_profiles_t
         return RunResult(tmp_path, 0, "ok", None, {"metrics": {"img_per_sec": 10.0}}, None, 1.0)
 
     monkeypatch.setattr(grade, "run_lab", run_lab)
-    monkeypatch.setattr(grade, "observe", lambda result, exp, request: grade.sample_of(result))
+    monkeypatch.setattr(grade, "observe", lambda result, exp, request, evaluator: grade.sample_of(result))
     done, references = {}, {}
     grade.execute(plan, done, references)
     # Reference, run, reference, run: a load that comes and goes touches a run and its reference alike.

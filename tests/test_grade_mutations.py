@@ -2,9 +2,10 @@
 programs pass: one written from scratch that keeps only the contract here, the DDP lab itself here
 at world size 1 and in tests/test_grade_e2e.py at world size 2 (the same cpu-smoke expectations).
 
-Every mutant is labs/ddp/train.py with one change, graded through `distlab grade --program ROW=PATH`
-in one grade (one row per mutant; the slow one in a grade of its own, timed against the course lab),
-against the shipped profile's own expectations for ddp: the grader is tested as it grades students.
+Every mutant is labs/ddp/train.py with one mistake made in it (one also lies about it), graded
+through `distlab grade --program ROW=PATH` in one grade (one row per mutant; the slow one in a grade
+of its own, timed against the course lab), against the shipped profile's own expectations for ddp:
+the grader is tested as it grades students. Each fails its own observed check and no other.
 """
 
 import json
@@ -27,23 +28,24 @@ REPORT = "training.report(record, history, clock, args, lr, global_batch, img_pe
 STEP_END = "        clock.step(len(labels))\n"
 DATA = "train_set, test_set = training.load_datasets(args)"
 
-# row -> (the one change, as (old, new) pairs; the verdict that must fail; words its detail must hold)
+# row -> (the change, as (old, new) pairs; {each verdict that must fail: words its detail must hold}).
+# Each observed check that fails is named here: a mistake fails its own check and no other.
 MUTANTS = {
     "no-sampler": ([(SAMPLER, SAMPLER.replace("num_replicas=topology.world_size, rank=topology.rank",
                                               "num_replicas=1, rank=0"))],
-                   "observed:shards_disjoint", "both fetched"),
-    "no-set-epoch": ([("sampler.set_epoch(epoch)", "pass")], "observed:order_changes_per_epoch", "same order"),
-    "no-sync": ([(NO_SYNC, "with model.no_sync():")], "observed:replicas_identical", "distinct digests"),
-    "every-rank-saves": ([(RANK0_SAVES, "if True:")], "observed:one_writer_per_checkpoint", "both saved"),
-    # No gradient all-reduce, and a record that says all is well: the claim is caught.
-    "lies-in-record": ([(NO_SYNC, "with model.no_sync():"),
-                        (CHECKS, CHECKS + "\n        record.status, record.reason = 'ok', None\n"
-                                 "        record.checks['params_identical']['passed'] = True")],
-                       "claim:params_identical", "record claims params_identical"),
-    "claims-accuracy": ([(REPORT, REPORT + "\n        record.metrics['final_accuracy'] = 0.99")],
-                        "claim:final_accuracy", "harness measured"),
-    "claims-speed": ([(REPORT, REPORT + "\n        record.metrics['img_per_sec'] *= 10")],
-                     "claim:img_per_sec", "harness timed"),
+                   {"observed:shards_disjoint": "both fetched"}),
+    "no-set-epoch": ([("sampler.set_epoch(epoch)", "pass")], {"observed:order_changes_per_epoch": "same order"}),
+    "every-rank-saves": ([(RANK0_SAVES, "if True:")], {"observed:one_writer_per_checkpoint": "both saved"}),
+    # No gradient all-reduce, and a record that says all is well: what the harness saw fails the
+    # run, and the claim is caught.
+    "no-sync-and-lies": ([(NO_SYNC, "with model.no_sync():"),
+                          (CHECKS, CHECKS + "\n        record.status, record.reason = 'ok', None\n"
+                                   "        record.checks['params_identical']['passed'] = True")],
+                         {"observed:replicas_identical": "distinct digests",
+                          "claim:params_identical": "record claims params_identical"}),
+    "claims-results": ([(REPORT, REPORT + "\n        record.metrics['final_accuracy'] = 0.99"
+                                          "\n        record.metrics['img_per_sec'] *= 10")],
+                       {"claim:final_accuracy": "harness measured", "claim:img_per_sec": "harness timed"}),
 }
 # Busy, before each optimizer step, for as long as the step took until then, loading its batch
 # included: half the throughput, whatever else the machine runs. Before the optimizer step, where
@@ -51,7 +53,7 @@ MUTANTS = {
 # steps (the measured rate rose from 0.5 to 0.65 of the lab's). Not a time.sleep: under load the
 # kernel's scheduler hands a process that wakes from sleep its core first, so a sleeping program
 # loses less than half (here, with the other test worker busy, 0.67 of the lab's rate; 0.51 idle).
-# Graded on its own against the course's lab, as a student's program always is, on the median of 3
+# Graded on its own against the course's lab, as a student's program always is, on the median of 2
 # runs, each after a run of the lab, with no other test beside it: in CI, runs of the other worker
 # that slowed the lab and not the program once lifted it to 0.92.
 LOOP = "    for images, labels, indices in loader:\n"
@@ -117,7 +119,7 @@ def test_each_mistake_fails_with_its_reason_and_correct_programs_pass(tmp_path):
     assert "import labs" not in scratch.read_text() and "from labs" not in scratch.read_text()
     profile = profile_of(tmp_path, "cpu-smoke", list(MUTANTS), 2, scratch={
         "lab": "ddp", "world_sizes": [2], "args": ["--checkpoint", "{run_dir}/checkpoint.pt"], "time_budget_s": 300})
-    programs = {name: mutant(tmp_path, name, changes) for name, (changes, _, _) in MUTANTS.items()}
+    programs = {name: mutant(tmp_path, name, changes) for name, (changes, _) in MUTANTS.items()}
     result = grade(tmp_path, profile, {**programs, "scratch": scratch}, timeout=1500)
     rows = result["rows"]
     assert result["returncode"] == 1, result["stdout"]  # the mutants fail the grade
@@ -129,10 +131,14 @@ def test_each_mistake_fails_with_its_reason_and_correct_programs_pass(tmp_path):
     assert {"observed:shards_disjoint", "observed:replicas_identical", "observed:one_writer_per_checkpoint",
             "observed:process_group"} <= set(observed), observed
 
-    for name, (_, check, words) in MUTANTS.items():
-        verdict = rows[name].get(check)
-        assert verdict is not None and verdict["passed"] is False, (name, check, rows[name])
-        assert words in verdict["detail"], (name, verdict)
+    for name, (_, failing) in MUTANTS.items():
+        for check, words in failing.items():
+            verdict = rows[name].get(check)
+            assert verdict is not None and verdict["passed"] is False, (name, check, rows[name])
+            assert words in verdict["detail"], (name, verdict)
+        observed_failed = {check for check, v in rows[name].items() if check.startswith("observed:")
+                           and v["passed"] is False}
+        assert observed_failed == {check for check in failing if check.startswith("observed:")}, (name, rows[name])
     # What the harness saw is graded; the lab's own check, in its record, said so too.
     assert "order_changes_per_epoch" in rows["no-set-epoch"]["run"]["detail"], rows["no-set-epoch"]["run"]
     assert "FAIL" in result["stdout"]
@@ -143,11 +149,11 @@ def test_each_mistake_fails_with_its_reason_and_correct_programs_pass(tmp_path):
 def test_a_program_twice_slower_fails_on_throughput_against_its_own_reference(tmp_path):
     profile = profile_of(tmp_path, "cpu-smoke", ["twice-slower"], 2, timed=("twice-slower",))
     result = grade(tmp_path, profile, {"twice-slower": mutant(tmp_path, "twice-slower", SLOWER)}, timeout=1500,
-                   repeats=3)
+                   repeats=2)
     verdict = result["rows"]["twice-slower"]["img_per_sec_ratio"]
     assert verdict["passed"] is False, verdict
     assert verdict["expected"] == f">= {PROGRAM_RATIO_FLOOR:g} x reference", verdict  # the course lab's rate
-    assert "median of 3 run(s)" in verdict["detail"] and "reference" in verdict["detail"], verdict
+    assert "median of 2 run(s)" in verdict["detail"] and "reference" in verdict["detail"], verdict
     assert result["returncode"] == 1, result["stdout"]
 
 

@@ -1,4 +1,4 @@
-"""A small, correct DDP training program, and the classic mistakes made in it on request.
+"""A small, correct DDP training program.
 
 Written from scratch, on purpose sharing nothing with labs/: the harness's observer must judge any
 program by what torch did, not by cooperation. It keeps only the documented lab contract
@@ -7,12 +7,9 @@ one JSON record written by rank 0, so `distlab grade --program ddp=...` grades i
 torchrun with the gloo backend:
 
     torchrun --standalone --nproc-per-node 2 tests/programs/ddp_program.py --checkpoint DIR/ck.pt
-    ... --mutation no-sampler       every rank trains on the whole data set (no DistributedSampler)
-    ... --mutation no-set-epoch     the sampler never hears of the epoch: every epoch repeats its order
-    ... --mutation no-sync          no DDP wrap: gradients never averaged, the replicas drift apart
-    ... --mutation every-rank-saves each rank writes the checkpoint, all to the same file
 
-Each mutation changes the one line that a person would get wrong; everything else stays correct.
+The classic mistakes are made in the course's lab instead (tests/test_grade_mutations.py), and
+graded beside this program.
 """
 
 import argparse
@@ -30,7 +27,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-MUTATIONS = ["no-sampler", "no-set-epoch", "no-sync", "every-rank-saves"]
 SAMPLES, FEATURES, CLASSES = 512, 16, 4  # 512 divides by every world size the tests use: no padding
 BATCH = 32  # per rank
 EPOCHS = 3
@@ -48,7 +44,6 @@ def teacher_data() -> tuple[TensorDataset, TensorDataset]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mutation", choices=MUTATIONS)
     parser.add_argument("--checkpoint", help="save model and optimizer here after every epoch")
     # The lab contract's flags.
     parser.add_argument("--backend", default="gloo")
@@ -66,21 +61,16 @@ def main() -> None:
     train_set, test_set = teacher_data()
     # BatchNorm: a buffer that each rank updates from its own batches, as in real models.
     model = nn.Sequential(nn.Linear(FEATURES, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, CLASSES))
-    if args.mutation != "no-sync":
-        model = DDP(model)  # averages the gradients during backward
+    model = DDP(model)  # averages the gradients during backward
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1 * world_size, momentum=0.9)
 
-    if args.mutation == "no-sampler":
-        sampler = torch.utils.data.RandomSampler(train_set, generator=torch.Generator().manual_seed(SEED))
-    else:
-        sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED,
-                                     drop_last=True)
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=SEED,
+                                 drop_last=True)
     train_loader = DataLoader(train_set, batch_size=BATCH, sampler=sampler, drop_last=True)
     test_loader = DataLoader(test_set, batch_size=64)  # every rank evaluates the whole (small) test set
 
     for epoch in range(EPOCHS):
-        if args.mutation != "no-set-epoch" and hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)  # a new permutation every epoch
+        sampler.set_epoch(epoch)  # a new permutation every epoch
         model.train()
         for inputs, labels in train_loader:
             loss = F.cross_entropy(model(inputs), labels)
@@ -91,9 +81,8 @@ def main() -> None:
         with torch.no_grad():
             correct = sum(int((model(x).argmax(1) == y).sum()) for x, y in test_loader)
         if args.checkpoint:
-            if rank == 0 or args.mutation == "every-rank-saves":
-                unwrapped = model.module if isinstance(model, DDP) else model
-                torch.save({"model": unwrapped.state_dict(), "optimizer": optimizer.state_dict(),
+            if rank == 0:  # the replicas are identical: one writer
+                torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                             "epoch": epoch + 1}, args.checkpoint)
             dist.barrier()  # nobody goes on before the checkpoint is complete
         if rank == 0:
