@@ -103,13 +103,6 @@ class Evaluator:
             self.process = self.stderr = None
 
 
-def measure(observe_dir: Path | str, lab_args: list[str], python: str = sys.executable,
-            timeout_s: float = 300.0) -> dict[str, Any]:
-    """One evaluation in a fresh process; returns its JSON (with "error" on any failure)."""
-    with Evaluator(python, timeout_s) as evaluator:
-        return evaluator.measure(observe_dir, lab_args)
-
-
 def evaluate(observe_dir: Path, lab_args: list[str]) -> dict[str, Any]:
     """Rank 0's observed final weights, evaluated on the lab's test set."""
     import torch

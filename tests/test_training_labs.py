@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import run_lab
 
-from harness import bench_train
+from harness import bench_train, observed
 from harness.record import validate
 from labs.common.training import build_model
 
@@ -119,6 +119,16 @@ def test_each_lab_writes_a_valid_record(distlab_run, lab, world_size, launcher, 
     result = distlab_run(lab, world_size, ["--smoke", *extra], launcher=launcher)
     assert result.returncode == 0, result.output
     assert_valid_record(result.record, lab, world_size, train_images=SMOKE_TRAIN_IMAGES)
+    if (lab, world_size, launcher) == ("horovod", 2, None):
+        # What the harness's observer saw of Horovod under horovodrun (the ddp lab's: tests/test_observer.py).
+        observations = observed.load(result.run_dir / "observe")
+        checks = observed.checks(observations, "horovod", 2, train_set_size=SMOKE_TRAIN_IMAGES)
+        assert {check.name: check.detail for check in checks if not check.passed} == {}
+        # DistributedOptimizer.step calls the wrapped optimizer's: counted once, 2 epochs x 4 steps.
+        steps = next(check for check in checks if check.name == "optimizer_steps_equal")
+        assert steps.detail == "every rank took 8 optimizer steps"
+        assert {g["controller"] for r in observations.ranks.values() for g in r.process_groups} == {"gloo"}
+        assert observed.compare_claims(result.record, checks) == []
 
 
 def assert_valid_record(record: dict, lab: str, world_size: int, train_images: int) -> None:
