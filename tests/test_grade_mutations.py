@@ -33,19 +33,22 @@ DATA = "train_set, test_set = training.load_datasets(args)"
 MUTANTS = {
     "no-sampler": ([(SAMPLER, SAMPLER.replace("num_replicas=topology.world_size, rank=topology.rank",
                                               "num_replicas=1, rank=0"))],
-                   {"observed:shards_disjoint": "both fetched"}),
-    "no-set-epoch": ([("sampler.set_epoch(epoch)", "pass")], {"observed:order_changes_per_epoch": "same order"}),
-    "every-rank-saves": ([(RANK0_SAVES, "if True:")], {"observed:one_writer_per_checkpoint": "both saved"}),
+                   {"observed:shards_disjoint": "ranks 0 and 1 both fetched 256 of the same samples"}),
+    "no-set-epoch": ([("sampler.set_epoch(epoch)", "pass")],
+                     {"observed:order_changes_per_epoch": "in the same order in epochs 0 and 1"}),
+    "every-rank-saves": ([(RANK0_SAVES, "if True:")],
+                         {"observed:one_writer_per_checkpoint": "ranks 0 and 1 both saved"}),
     # No gradient all-reduce, and a record that says all is well: what the harness saw fails the
     # run, and the claim is caught.
     "no-sync-and-lies": ([(NO_SYNC, "with model.no_sync():"),
                           (CHECKS, CHECKS + "\n        record.status, record.reason = 'ok', None\n"
                                    "        record.checks['params_identical']['passed'] = True")],
-                         {"observed:replicas_identical": "distinct digests",
-                          "claim:params_identical": "record claims params_identical"}),
+                         {"observed:replicas_identical": "harness observed 2 distinct digests",
+                          "claim:params_identical": "record claims params_identical, harness observed 2"}),
     "claims-results": ([(REPORT, REPORT + "\n        record.metrics['final_accuracy'] = 0.99"
                                           "\n        record.metrics['img_per_sec'] *= 10")],
-                       {"claim:final_accuracy": "harness measured", "claim:img_per_sec": "harness timed"}),
+                       {"claim:final_accuracy": "record claims final_accuracy 0.99, harness measured",
+                        "claim:img_per_sec": "harness timed"}),
 }
 # Busy, before each optimizer step, for as long as the step took until then, loading its batch
 # included: half the throughput, whatever else the machine runs. Before the optimizer step, where
