@@ -45,7 +45,6 @@ class Evaluator:
         self.python, self.timeout_s = python, timeout_s
         self.process: subprocess.Popen[str] | None = None
         self.stderr: Any = None  # a temporary file: its last line says why a process ended
-        self.ended = ""  # ... that line, once it has
 
     def __enter__(self) -> Evaluator:
         return self
@@ -81,12 +80,12 @@ class Evaluator:
         try:
             return json.loads(line)
         except json.JSONDecodeError:  # no answer: the process ended, and its stderr says why
-            self.close(kill=True)
-            return {"accuracy": None, "error": self.ended}
+            return {"accuracy": None, "error": self.close(kill=True)}
 
-    def close(self, kill: bool = False) -> None:
+    def close(self, kill: bool = False) -> str:
         """End the process: at the end of its input (it is idle between requests), or, with `kill`,
-        killed unless it ends within 2 s."""
+        killed unless it ends within 2 s. Returns how it ended ("" if none was running)."""
+        ended = ""
         if self.process is not None:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()  # type: ignore[union-attr]
@@ -98,9 +97,10 @@ class Evaluator:
             self.process.stdout.close()  # type: ignore[union-attr]
             self.stderr.seek(0)
             tail = (self.stderr.read().strip().splitlines() or ["no output"])[-1]
-            self.ended = f"evaluation exited with code {self.process.returncode}: {tail}"
+            ended = f"evaluation exited with code {self.process.returncode}: {tail}"
             self.stderr.close()
             self.process = self.stderr = None
+        return ended
 
 
 def evaluate(observe_dir: Path, lab_args: list[str]) -> dict[str, Any]:
