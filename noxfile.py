@@ -77,8 +77,13 @@ def tests(session: nox.Session) -> None:
 
     Three on two cores: a test spends part of its time starting processes and waiting for ranks to
     meet, and a third worker fills those gaps. Measured here (Intel Xeon, 2 cores, idle): 13 min 52 s
-    with two workers, 12 min 3 s with three, after a change that saved about 30 s of two workers' time."""
-    _run_in_env(session, "pytest", "-n", os.environ.get("DISTLAB_TEST_WORKERS", "3"), *session.posargs)
+    with two workers, 12 min 3 s with three, after a change that saved about 30 s of two workers' time.
+
+    --dist loadgroup: the tests that share a module fixture (real launches: the FSDP strategies, the
+    observed ddp run, the oracle's baseline) are one xdist_group each, run by one worker, which sets
+    the fixture up once; handed out test by test, two workers could each launch it."""
+    _run_in_env(session, "pytest", "-n", os.environ.get("DISTLAB_TEST_WORKERS", "3"), "--dist", "loadgroup",
+                *session.posargs)
 
 
 @nox.session

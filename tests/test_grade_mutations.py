@@ -56,9 +56,10 @@ MUTANTS = {
 # steps (the measured rate rose from 0.5 to 0.65 of the lab's). Not a time.sleep: under load the
 # kernel's scheduler hands a process that wakes from sleep its core first, so a sleeping program
 # loses less than half (here, with the other test worker busy, 0.67 of the lab's rate; 0.51 idle).
-# Graded on its own against the course's lab, as a student's program always is, on the median of 2
-# runs, each after a run of the lab, with no other test beside it: in CI, runs of the other worker
-# that slowed the lab and not the program once lifted it to 0.92.
+# Graded on its own against the course's lab, as a student's program always is, on one run right
+# after a run of the lab, with no other test beside it (in CI, runs of another worker that slowed
+# the lab and not the program once lifted it to 0.92). Measured so, one run each (Intel Xeon, 2
+# cores): 0.53 and 0.57 of the lab's rate idle, 0.47 and 0.53 beside two busy processes; floor 0.7.
 LOOP = "    for images, labels, indices in loader:\n"
 OPTIMIZER_STEP = "        precision.scaler.step(optimizer)\n"
 SLOWER = ([(LOOP, "    step_ended = time.perf_counter()\n" + LOOP),
@@ -98,9 +99,9 @@ def profile_of(tmp_path: Path, shipped: str, rows: list[str], world_size: int, t
     return path
 
 
-def grade(tmp_path: Path, profile: Path, programs: dict[str, Path], timeout: float, repeats: int = 1) -> dict:
+def grade(tmp_path: Path, profile: Path, programs: dict[str, Path], timeout: float) -> dict:
     done = run_distlab(["grade", "--profile", str(profile), "--results", str(tmp_path / "results"),
-                        "--repeats", str(repeats),
+                        "--repeats", "1",
                         *(arg for row, path in programs.items() for arg in ("--program", f"{row}={path}"))],
                        timeout=timeout)
     verdicts = json.loads(next((tmp_path / "results").glob("grade/*/verdicts.json")).read_text())
@@ -130,9 +131,15 @@ def test_each_mistake_fails_with_its_reason_and_correct_programs_pass(tmp_path):
     failed = {check: v["detail"] for check, v in rows["scratch"].items() if v["passed"] is False
               and check not in NOISY}
     assert not failed, failed
-    observed = [check for check in rows["scratch"] if check.startswith("observed:")]
-    assert {"observed:shards_disjoint", "observed:replicas_identical", "observed:one_writer_per_checkpoint",
-            "observed:process_group"} <= set(observed), observed
+    observed = {check[len("observed:"):]: v["detail"] for check, v in rows["scratch"].items()
+                if check.startswith("observed:")}
+    assert {"shards_disjoint", "replicas_identical", "process_group"} <= set(observed), observed
+    # What the harness saw of it: 3 epochs of 8 steps over all 512 samples, reshuffled each epoch,
+    # and one checkpoint, written by rank 0 alone.
+    assert "512 of 512 samples" in observed["shards_cover"]
+    assert "every rank took 24 optimizer steps" in observed["optimizer_steps_equal"]
+    assert not observed["order_changes_per_epoch"].startswith("not applicable")
+    assert observed["one_writer_per_checkpoint"] == "1 file(s) saved, each by one rank (rank 0: checkpoint.pt)"
 
     for name, (_, failing) in MUTANTS.items():
         for check, words in failing.items():
@@ -151,12 +158,11 @@ def test_each_mistake_fails_with_its_reason_and_correct_programs_pass(tmp_path):
 @pytest.mark.alone  # a speed verdict: the other workers' runs would slow the lab or the program
 def test_a_program_twice_slower_fails_on_throughput_against_its_own_reference(tmp_path):
     profile = profile_of(tmp_path, "cpu-smoke", ["twice-slower"], 2, timed=("twice-slower",))
-    result = grade(tmp_path, profile, {"twice-slower": mutant(tmp_path, "twice-slower", SLOWER)}, timeout=1500,
-                   repeats=2)
+    result = grade(tmp_path, profile, {"twice-slower": mutant(tmp_path, "twice-slower", SLOWER)}, timeout=1500)
     verdict = result["rows"]["twice-slower"]["img_per_sec_ratio"]
     assert verdict["passed"] is False, verdict
     assert verdict["expected"] == f">= {PROGRAM_RATIO_FLOOR:g} x reference", verdict  # the course lab's rate
-    assert "median of 2 run(s)" in verdict["detail"] and "reference" in verdict["detail"], verdict
+    assert "median of 1 run(s)" in verdict["detail"] and "reference" in verdict["detail"], verdict
     assert result["returncode"] == 1, result["stdout"]
 
 

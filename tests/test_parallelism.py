@@ -96,6 +96,7 @@ def fsdp_runs(tmp_path_factory):
     return tmp, runs, params
 
 
+@pytest.mark.xdist_group("fsdp_runs")
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "fsdp"])
 def test_each_strategy_takes_the_single_process_steps_with_the_memory_of_its_formula(fsdp_runs, strategy):
     _, runs, _ = fsdp_runs
@@ -118,6 +119,7 @@ def test_each_strategy_takes_the_single_process_steps_with_the_memory_of_its_for
     assert "4 + 4 + 8" in output or "(4 + 4 + 8)/2" in output  # the formula is printed beside the bytes
 
 
+@pytest.mark.xdist_group("fsdp_runs")
 @pytest.mark.parametrize("strategy", ["zero1", "fsdp"])
 def test_sharded_strategies_end_with_ddps_parameters(fsdp_runs, strategy):
     _, runs, params = fsdp_runs
@@ -130,6 +132,7 @@ def test_sharded_strategies_end_with_ddps_parameters(fsdp_runs, strategy):
     assert max((ddp[k] - sharded[k]).abs().max().item() for k in ddp) < 1e-5
 
 
+@pytest.mark.xdist_group("fsdp_runs")
 def test_a_sharded_checkpoint_resumes_at_another_world_size(fsdp_runs, tmp_path):
     tmp, runs, params = fsdp_runs
     returncode, output, record = runs["resumed"]
@@ -143,6 +146,7 @@ def test_a_sharded_checkpoint_resumes_at_another_world_size(fsdp_runs, tmp_path)
     assert max((resumed[k] - params["fsdp"][k]).abs().max().item() for k in resumed) > 1e-4  # it did train on
 
 
+@pytest.mark.xdist_group("fsdp_runs")
 def test_resuming_another_models_checkpoint_is_refused_and_leaves_it_alone(fsdp_runs, refused):
     from labs.fsdp.train import main
 

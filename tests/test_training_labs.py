@@ -1,8 +1,8 @@
 """The three training labs (baseline, ddp, horovod) run as users run them: through `distlab run`.
 
 Correctness on CPU with gloo: the distributed labs against a one-process oracle, the record of
-every lab at world sizes 1 and 2, crash-then-resume, and the bad inputs that must stop a run
-with a one-line error (exit 2) before it writes anything.
+every lab at world sizes 1 and 2, crash-then-resume (by hand, and by torchrun's elastic restart),
+and the bad inputs that must stop a run with a one-line error (exit 2) before it writes anything.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from conftest import run_lab
 
 from harness import bench_train, observed
 from harness.record import validate
+from harness.runner import run_processes
 from labs.common.training import build_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -69,6 +70,18 @@ def test_a_crashed_run_resumes_where_its_checkpoint_left_off(distlab_run, tmp_pa
     assert horovod.returncode == 0, horovod.output
     assert horovod.record["metrics"]["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-4)
 
+    # Elastic: with --max-restarts, torchrun starts every rank again after the same crash and the
+    # run goes on from its checkpoint by itself, to the same curve.
+    elastic = distlab_run("ddp", 2, [*args, "--checkpoint", str(tmp_path / "elastic.pt"), "--fault",
+                                     "crash:rank=1:step=5"], extra=["--max-restarts", "1"])
+    assert elastic.returncode == 0, elastic.output
+    assert "fault: crash on rank 1 at step 5" in elastic.output
+    assert elastic.record["metrics"]["restarts"] == elastic.run["restarts"] == 1
+    assert elastic.record["metrics"]["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-5)
+    assert elastic.record["metrics"]["test_accuracy"] == pytest.approx(expected["test_accuracy"], abs=1e-9)
+    assert elastic.record["checks"]["params_identical"]["passed"]
+    assert run_processes(elastic.run["run_id"]) == []
+
 
 def oracle_run(run, name: str, world_size: int, batch: int, lr: float, checkpoint: Path,
                extra: list[str] | tuple[str, ...] = ()) -> dict[str, torch.Tensor]:
@@ -91,6 +104,7 @@ def baseline_params(tmp_path_factory) -> dict[str, torch.Tensor]:
     return params
 
 
+@pytest.mark.xdist_group("baseline_params")
 @pytest.mark.parametrize(("lab", "extra"), [
     ("ddp", []),
     ("ddp", ["--accumulate", "2"]),  # no_sync on the first of 2 micro-batches of 8
