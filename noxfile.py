@@ -81,9 +81,11 @@ def tests(session: nox.Session) -> None:
 
     --dist loadgroup: the tests that share a module fixture (real launches: the FSDP strategies, the
     observed ddp run, the oracle's baseline) are one xdist_group each, run by one worker, which sets
-    the fixture up once; handed out test by test, two workers could each launch it."""
+    the fixture up once; handed out test by test, two workers could each launch it. Handed out in
+    the order of collection (--no-loadscope-reorder), so the tests marked `alone` go first
+    (tests/conftest.py)."""
     _run_in_env(session, "pytest", "-n", os.environ.get("DISTLAB_TEST_WORKERS", "3"), "--dist", "loadgroup",
-                *session.posargs)
+                "--no-loadscope-reorder", *session.posargs)
 
 
 @nox.session

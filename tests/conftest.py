@@ -34,6 +34,15 @@ def _load(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `alone` first (the order otherwise kept): at the start, the other workers are in
+    their first tests, of seconds, so the wait for the machine is short. Handed out later, one waited
+    for whatever long test another worker had just begun (48 s, for the smoke grade, in one run
+    here), with the third worker held at the gate all that time. pytest-xdist hands tests out in
+    this order with --no-loadscope-reorder (noxfile.py)."""
+    items.sort(key=lambda item: item.get_closest_marker("alone") is None)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Tests marked `alone` get the machine to themselves; every other test shares it.
