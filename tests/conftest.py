@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from harness.record import validate
+
 DISTLAB = str(Path(sys.executable).parent / "distlab")
 
 
@@ -119,3 +121,36 @@ def run_main(monkeypatch, capsys):
         return stop.value.code, capsys.readouterr().err
 
     return call
+
+
+# ------------------------------------------------------------------------ the training labs' records
+
+SMOKE_TRAIN_IMAGES, SMOKE_BATCH, SMOKE_LR = 256, 32, 0.025  # the smoke profile (labs/common/training.py SMOKE)
+DISTRIBUTED_CHECKS = {"params_identical", "shards_disjoint", "shards_cover", "order_changes_per_epoch"}
+
+
+def assert_valid_record(record: dict, lab: str, world_size: int, train_images: int) -> None:
+    """A smoke run's record, valid and consistent; for a distributed lab, with every rank's report."""
+    record = validate(record)
+    assert (record["lab"], record["status"], record["provenance"]["world_size"]) == (lab, "ok", world_size)
+    metrics, epochs = record["metrics"], record["config"]["epochs"]
+    assert len(metrics["train_loss"]) == len(metrics["test_accuracy"]) == len(metrics["epoch_seconds"]) == epochs
+    assert metrics["img_per_sec"] > 0 and metrics["final_accuracy"] == metrics["test_accuracy"][-1]
+    assert metrics["global_batch"] == SMOKE_BATCH * world_size
+    assert metrics["peak_lr"] == pytest.approx(SMOKE_LR * world_size)  # the linear scaling rule
+    if lab == "baseline":
+        return
+    # The run's rate is the sum of what each rank timed, not rank 0's alone.
+    assert metrics["img_per_sec"] == pytest.approx(sum(r["img_per_sec"] for r in record["ranks"]))
+    assert len({r["params_sha256"] for r in record["ranks"]}) == 1
+    assert {name: check["passed"] for name, check in record["checks"].items()} == dict.fromkeys(DISTRIBUTED_CHECKS,
+                                                                                                 True)
+    assert [r["rank"] for r in record["ranks"]] == list(range(world_size))
+    # The fingerprints alone let a grader see the shards and the reshuffle.
+    trained = train_images // metrics["global_batch"] * metrics["global_batch"]
+    orders = metrics["sample_order"]
+    assert [epoch["epoch"] for epoch in orders] == list(range(epochs))
+    for epoch in orders:
+        assert sum(rank["count"] for rank in epoch["ranks"]) == trained
+    for rank in range(world_size):
+        assert orders[0]["ranks"][rank]["sha256"] != orders[1]["ranks"][rank]["sha256"]

@@ -6,7 +6,7 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
-from conftest import run_distlab
+from conftest import SMOKE_TRAIN_IMAGES, assert_valid_record, run_distlab
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -48,6 +48,10 @@ def test_grade_smoke_profile_at_world_sizes_1_and_2(tmp_path):
                   "one_writer_per_checkpoint", "process_group"):
         assert checks[("ddp", 2, f"observed:{check}")] is True, check
     assert ("ddp", 2, "accuracy_vs_ws1") not in checks  # smoke runs stay at chance: nothing to compare
+    # The grade's runs are ordinary runs, with the record every run of the lab writes.
+    for world_size in (1, 2):
+        (record,) = results.glob(f"ddp/*-ws{world_size}-*/record.json")
+        assert_valid_record(json.loads(record.read_text()), "ddp", world_size, train_images=SMOKE_TRAIN_IMAGES)
     suite = ET.parse(report / "junit.xml").getroot().find("testsuite")
     assert int(suite.get("tests")) == len(verdicts)
     assert int(suite.get("failures")) == sum(v["passed"] is False for v in verdicts)

@@ -2,10 +2,11 @@
 programs pass: one written from scratch that keeps only the contract here, the DDP lab itself here
 at world size 1 and in tests/test_grade_e2e.py at world size 2 (the same cpu-smoke expectations).
 
-Every mutant is labs/ddp/train.py with one mistake made in it (one also lies about it), graded
-through `distlab grade --program ROW=PATH` in one grade (one row per mutant; the slow one in a grade
-of its own, timed against the course lab), against the shipped profile's own expectations for ddp:
-the grader is tested as it grades students. Each fails its own observed check and no other.
+Every mutant is labs/ddp/train.py with one mistake made in it (one also lies in its record: about
+that mistake, its accuracy and its speed), graded through `distlab grade --program ROW=PATH` in one
+grade (one row per mutant; the slow one in a grade of its own, timed against the course lab),
+against the shipped profile's own expectations for ddp: the grader is tested as it grades students.
+Each fails its own observed check and no other.
 """
 
 import json
@@ -38,17 +39,17 @@ MUTANTS = {
                      {"observed:order_changes_per_epoch": "in the same order in epochs 0 and 1"}),
     "every-rank-saves": ([(RANK0_SAVES, "if True:")],
                          {"observed:one_writer_per_checkpoint": "ranks 0 and 1 both saved"}),
-    # No gradient all-reduce, and a record that says all is well: what the harness saw fails the
-    # run, and the claim is caught.
+    # No gradient all-reduce, and a record that says all is well, with an accuracy it did not reach
+    # and ten times its speed: what the harness saw fails the run, and each claim is caught.
     "no-sync-and-lies": ([(NO_SYNC, "with model.no_sync():"),
                           (CHECKS, CHECKS + "\n        record.status, record.reason = 'ok', None\n"
-                                   "        record.checks['params_identical']['passed'] = True")],
+                                   "        record.checks['params_identical']['passed'] = True"),
+                          (REPORT, REPORT + "\n        record.metrics['final_accuracy'] = 0.99"
+                                            "\n        record.metrics['img_per_sec'] *= 10")],
                          {"observed:replicas_identical": "harness observed 2 distinct digests",
-                          "claim:params_identical": "record claims params_identical, harness observed 2"}),
-    "claims-results": ([(REPORT, REPORT + "\n        record.metrics['final_accuracy'] = 0.99"
-                                          "\n        record.metrics['img_per_sec'] *= 10")],
-                       {"claim:final_accuracy": "record claims final_accuracy 0.99, harness measured",
-                        "claim:img_per_sec": "harness timed"}),
+                          "claim:params_identical": "record claims params_identical, harness observed 2",
+                          "claim:final_accuracy": "record claims final_accuracy 0.99, harness measured",
+                          "claim:img_per_sec": "harness timed"}),
 }
 # Busy, before each optimizer step, for as long as the step took until then, loading its batch
 # included: half the throughput, whatever else the machine runs. Before the optimizer step, where

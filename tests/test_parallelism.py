@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness import plan
+
 REPO = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 FSDP, TP, PIPELINE = "labs/fsdp/train.py", "labs/tensor_parallel/tensor_parallel.py", "labs/pipeline/pipeline.py"
@@ -117,6 +119,22 @@ def test_each_strategy_takes_the_single_process_steps_with_the_memory_of_its_for
         if strategy != "zero1":  # ZeRO-1 hands out whole tensors: its optimizer split is only near even
             assert got == pytest.approx(expected, rel=0.01)
     assert "4 + 4 + 8" in output or "(4 + 4 + 8)/2" in output  # the formula is printed beside the bytes
+
+
+@pytest.mark.xdist_group("fsdp_runs")
+@pytest.mark.parametrize(("strategy", "row"), [("ddp", "DDP"), ("zero1", "ZeRO-1"), ("fsdp", "ZeRO-3/FSDP")])
+def test_the_planners_formula_is_what_real_ranks_hold(fsdp_runs, strategy, row):
+    # `distlab plan` (harness/plan.py) tells users what each rank will hold: the same runs, its rows.
+    _, runs, _ = fsdp_runs
+    metrics = runs[strategy][2]["metrics"]
+    states = plan.model_state_bytes(metrics["parameters"], 2, "adam", "fp32")[row]
+    assert states["master"] == 0  # fp32 training: the parameters are the master copy
+    for rank in metrics["memory_measured_bytes_per_rank"]:
+        assert rank["param_bytes"] == pytest.approx(states["param"], rel=0.01)
+        assert rank["grad_bytes"] == pytest.approx(states["grad"], rel=0.01)
+        # ZeRO-1 gives whole tensors to ranks, so its optimizer split is only near even.
+        assert rank["optimizer_bytes"] == pytest.approx(states["optimizer"], rel=0.10 if row == "ZeRO-1" else 0.01)
+        assert rank["total_bytes"] == pytest.approx(sum(states.values()), rel=0.10)
 
 
 @pytest.mark.xdist_group("fsdp_runs")

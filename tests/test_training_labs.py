@@ -10,12 +10,11 @@ from __future__ import annotations
 import ast
 import json
 import runpy
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_lab
+from conftest import SMOKE_TRAIN_IMAGES, assert_valid_record, run_lab
 
 from harness import bench_train, observed
 from harness.record import validate
@@ -23,8 +22,6 @@ from harness.runner import run_processes
 from labs.common.training import build_model
 
 REPO = Path(__file__).resolve().parent.parent
-DISTRIBUTED_CHECKS = {"params_identical", "shards_disjoint", "shards_cover", "order_changes_per_epoch"}
-SMOKE_TRAIN_IMAGES, SMOKE_BATCH, SMOKE_LR = 256, 32, 0.025  # the smoke profile (labs/common/training.py SMOKE)
 
 # The oracle runs are comparable sample for sample: no augmentation, BatchNorm frozen to its running
 # statistics (with B/2 images per rank, batch statistics would differ from the baseline's B), one
@@ -54,24 +51,21 @@ def test_a_crashed_run_resumes_where_its_checkpoint_left_off(distlab_run, tmp_pa
     assert "fault: crash on rank 1 at step 5" in crashed.output
     assert crashed.run["failure"] == {"rank": 1, "exit_code": 3, "signal": None}
     assert torch.load(checkpoint, weights_only=True)["epoch"] == 2  # written after epoch 2, before the crash
-    shutil.copy(checkpoint, tmp_path / "for_horovod.pt")
 
-    resumed = distlab_run("ddp", 2, [*args, "--checkpoint", str(checkpoint), "--resume"])
+    # Resumed by hand, by the other lab: the checkpoint holds the bare model and a plain SGD state, so
+    # Horovod goes on from it. The whole curve: two epochs from the checkpoint's history, the third
+    # trained now, as if nothing had happened (same weights, momentum, schedule step and sample order).
+    # Horovod sums the gradients in another order than DDP: equal to 1e-4, not bit for bit.
+    expected = straight.record["metrics"]
+    resumed = distlab_run("horovod", 2, [*args, "--checkpoint", str(checkpoint), "--resume"])
     assert resumed.returncode == 0, resumed.output
-    expected, got = straight.record["metrics"], resumed.record["metrics"]
-    # The whole curve: two epochs from the checkpoint's history, the third trained now, the same as
-    # if nothing had happened (same weights, momentum, schedule step and sample order).
-    assert got["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-5)
-    assert got["test_accuracy"] == pytest.approx(expected["test_accuracy"], abs=1e-9)
+    got = resumed.record["metrics"]
+    assert got["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-4)
+    assert got["test_accuracy"][:2] == expected["test_accuracy"][:2]
     assert got["sample_order"] == expected["sample_order"][2:]
 
-    # The checkpoint holds the bare model and a plain SGD state, so Horovod resumes it as well.
-    horovod = distlab_run("horovod", 2, [*args, "--checkpoint", str(tmp_path / "for_horovod.pt"), "--resume"])
-    assert horovod.returncode == 0, horovod.output
-    assert horovod.record["metrics"]["train_loss"] == pytest.approx(expected["train_loss"], rel=1e-4)
-
     # Elastic: with --max-restarts, torchrun starts every rank again after the same crash and the
-    # run goes on from its checkpoint by itself, to the same curve.
+    # run goes on from its checkpoint by itself, to the same curve, bit for bit: the same lab.
     elastic = distlab_run("ddp", 2, [*args, "--checkpoint", str(tmp_path / "elastic.pt"), "--fault",
                                      "crash:rank=1:step=5"], extra=["--max-restarts", "1"])
     assert elastic.returncode == 0, elastic.output
@@ -119,9 +113,9 @@ def test_ddp_and_horovod_take_the_baselines_steps(distlab_run, baseline_params, 
 
 
 RECORD_RUNS = [
-    # (lab, world size, launcher, more lab arguments); ddp at 2 under torchrun: the crash test's first run
+    # (lab, world size, launcher, more lab arguments); ddp at 2 under torchrun: the crash test's first
+    # run; ddp at 1 and 2: the grade's runs in tests/test_grade_e2e.py
     ("baseline", 1, None, []),
-    ("ddp", 1, None, []),
     ("horovod", 1, None, []),
     ("horovod", 2, None, []),  # horovodrun --gloo
     ("horovod", 2, "mpirun", ["--fp16-allreduce"]),  # Horovod's MPI controller, fp16 gradient compression
@@ -143,33 +137,6 @@ def test_each_lab_writes_a_valid_record(distlab_run, lab, world_size, launcher, 
         assert steps.detail == "every rank took 8 optimizer steps"
         assert {g["controller"] for r in observations.ranks.values() for g in r.process_groups} == {"gloo"}
         assert observed.compare_claims(result.record, checks) == []
-
-
-def assert_valid_record(record: dict, lab: str, world_size: int, train_images: int) -> None:
-    """A smoke run's record, valid and consistent; for a distributed lab, with every rank's report."""
-    record = validate(record)
-    assert (record["lab"], record["status"], record["provenance"]["world_size"]) == (lab, "ok", world_size)
-    metrics, epochs = record["metrics"], record["config"]["epochs"]
-    assert len(metrics["train_loss"]) == len(metrics["test_accuracy"]) == len(metrics["epoch_seconds"]) == epochs
-    assert metrics["img_per_sec"] > 0 and metrics["final_accuracy"] == metrics["test_accuracy"][-1]
-    assert metrics["global_batch"] == SMOKE_BATCH * world_size
-    assert metrics["peak_lr"] == pytest.approx(SMOKE_LR * world_size)  # the linear scaling rule
-    if lab == "baseline":
-        return
-    # The run's rate is the sum of what each rank timed, not rank 0's alone.
-    assert metrics["img_per_sec"] == pytest.approx(sum(r["img_per_sec"] for r in record["ranks"]))
-    assert len({r["params_sha256"] for r in record["ranks"]}) == 1
-    assert {name: check["passed"] for name, check in record["checks"].items()} == dict.fromkeys(DISTRIBUTED_CHECKS,
-                                                                                                 True)
-    assert [r["rank"] for r in record["ranks"]] == list(range(world_size))
-    # The fingerprints alone let a grader see the shards and the reshuffle.
-    trained = train_images // metrics["global_batch"] * metrics["global_batch"]
-    orders = metrics["sample_order"]
-    assert [epoch["epoch"] for epoch in orders] == list(range(epochs))
-    for epoch in orders:
-        assert sum(rank["count"] for rank in epoch["ranks"]) == trained
-    for rank in range(world_size):
-        assert orders[0]["ranks"][rank]["sha256"] != orders[1]["ranks"][rank]["sha256"]
 
 
 def test_a_world_size_too_large_for_the_data_is_refused(distlab_run):
