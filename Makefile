@@ -43,7 +43,7 @@ test: $(NOX) ## run the test suite (what CI runs; pytest options in TEST_ARGS)
 lint: $(NOX) ## ruff, hadolint, actionlint, shellcheck
 	$(NOX) -s lint
 
-grade: $(NOX) ## the main job on the CPU: every lab at world sizes 1 and 2 (ddp also at 4), graded
+grade: $(NOX) ## the main job on the CPU: every lab at world sizes 1 and 2 (ddp, horovod at 2 against the baseline at 1; ddp also at 4), graded
 	$(NOX) -s grade
 
 grade-smoke: $(NOX) ## seconds-long labs at world sizes 1 and 2, graded against the cpu-smoke profile (CI)

@@ -1,7 +1,7 @@
 """Every job distlab can run, one session each. The Makefile and CI call these; so can people.
 
     nox -s tests                          # the test suite (what CI runs)
-    nox -s grade                          # the main job on the CPU: all labs at 1 and 2 ranks, ddp at 4
+    nox -s grade                          # the main job on the CPU: the labs at 1 and 2 ranks, ddp at 4
     nox -s "lab(name='ddp', world_size=2)"  # one lab at one world size
     nox -l                                # the whole list
 
@@ -124,8 +124,9 @@ def lab(session: nox.Session, name: str, world_size: int) -> None:
 
 @nox.session(venv_backend="none", requires=["env"], default=False)
 def grade(session: nox.Session) -> None:
-    """The main job on the CPU: every lab at world sizes 1 and 2, ddp also at 4, graded against the CPU
-    profile (harness/profiles/plans/cpu-grade.toml says why)."""
+    """The main job on the CPU: every lab at world sizes 1 and 2 (the data-parallel ones at 2, against the
+    baseline at 1), ddp also at 4, graded against the CPU profile (harness/profiles/plans/cpu-grade.toml
+    says why)."""
     _run_in_env(session, "distlab", "grade", "--world-sizes", "1,2,4", *session.posargs)
 
 

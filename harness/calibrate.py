@@ -60,11 +60,14 @@ def _sd(values: list[float]) -> float:
 
 
 def derive_lab(template: dict[str, Any], exp_metric: str, cells: dict[int, list[Sample]],
-               references: dict[int, float | None] | None = None, observed: bool = False) -> dict[str, Any]:
+               references: dict[int, float | None] | None = None, observed: bool = False,
+               single_device: list[Sample] | None = None) -> dict[str, Any]:
     """The profile table of one lab from its measured runs (see the module docstring).
-    `references`: the reference rate of each world size, for a lab whose template names one.
-    `observed`: a data-parallel training lab, whose checks the harness computes itself from its
-    observations: the record's own checks are then claims to compare, not requirements."""
+    `references`: the reference rate of each world size, for a lab whose template names one (at 1,
+    that of the runs standing for world size 1). `observed`: a data-parallel training lab, whose
+    checks the harness computes itself from its observations: the record's own checks are then
+    claims to compare, not requirements. `single_device`: the world-size-1 runs when they are another
+    row's (the template's single_device), as the grade compares them (harness/verdicts.py)."""
     table = dict(template)
     table.pop("metrics", None)
     table.pop("efficiency_min", None)
@@ -91,6 +94,9 @@ def derive_lab(template: dict[str, Any], exp_metric: str, cells: dict[int, list[
             metrics[exp_metric] = {"expected": {str(ws): round(m, 4) for ws, m in means.items()},
                                    "at_least_fraction": round(min(0.7, max(0.3, min(fractions))), 3)}
         loops = references or {}
+        if single_device is not None:
+            values = [v for s in single_device if (v := sample_metric(s, exp_metric)) is not None]
+            means[1] = mean_ci(values).mean if values else 0.0
         if 1 in means and means[1]:
             efficiency = {ws: scaling_efficiency(means[ws], ws, means[1]) for ws in means if ws != 1}
             if template.get("reference"):  # over the loop's own scaling, where it ran at both sizes
@@ -111,10 +117,9 @@ def derive_lab(template: dict[str, Any], exp_metric: str, cells: dict[int, list[
         lowest = min(min(v) for v in accuracy.values() if v)
         spread = max(_sd(v) for v in accuracy.values() if v)
         metrics[ACCURACY] = {"min": round(max(0.0, lowest - max(3 * spread, ACCURACY_MARGIN)), 3), "max": 1.0}
-        base = accuracy.get(1)
-        if template.get("accuracy_reference"):
-            table["accuracy_delta"] = ACCURACY_DELTA
-        elif base and len(accuracy) > 1:
+        base = accuracy.get(1) if single_device is None else [
+            v for s in single_device if (v := sample_metric(s, ACCURACY)) is not None]
+        if base and (single_device is not None or len(accuracy) > 1):
             # The course's rule, not the measured gap: the same global batch must reach the same
             # accuracy. A larger gap on the reference host is a lesson to fix, never a band to widen.
             table["accuracy_delta"] = ACCURACY_DELTA
@@ -135,8 +140,12 @@ def build_profile(name: str, template: Profile, template_data: dict[str, Any],
     for lab in sorted({lab for lab, _ in done}):
         cells = {ws: samples for (name_, ws), samples in done.items() if name_ == lab}
         rates = {ws: rate for (name_, ws), rate in (references or {}).items() if name_ == lab}
+        base = template.labs[lab].single_device
+        if base:  # its world size 1 is that row's runs, and their reference's rate
+            rates[1] = (references or {}).get((base, 1))
         labs[lab] = derive_lab(template_data["labs"][lab], template.labs[lab].throughput_metric, cells, rates,
-                               observed=LABS[template.labs[lab].catalog_lab].data_parallel)
+                               observed=LABS[template.labs[lab].catalog_lab].data_parallel,
+                               single_device=done.get((base, 1), []) if base else None)
         labs[lab]["world_sizes"] = sorted(cells)
     return {
         "name": name,

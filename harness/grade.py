@@ -102,6 +102,9 @@ def plan(args: argparse.Namespace) -> GradePlan:
     # --labs ddp grades the rows that run ddp (ddp and a variant such as ddp-sync-bn); a row's own
     # name grades that row; --labs ddp,ddp grades them once. Profile order throughout.
     labs = [row for row, exp in profile.labs.items() if row in asked or exp.catalog_lab in asked]
+    # A row whose world size 1 is another's (single_device: the baseline for ddp) brings that row along.
+    needed = {profile.labs[row].single_device for row in labs}
+    labs = [row for row in profile.labs if row in labs or row in needed]
     programs = {}
     for item in args.program or []:  # LAB=PATH for every row of a lab, or ROW=PATH for one row
         lab, sep, path = item.partition("=")

@@ -88,7 +88,9 @@ class LabExpectation:
     bands: tuple[Band, ...] = ()
     reference: str | None = None  # the plain loop its throughput is a ratio to (harness/references.py)
     program_lab: str = ""  # the catalog lab it runs (`lab = "ddp"`); the row's own name when not given
-    accuracy_reference: str | None = None  # whose world size 1 its accuracy is compared with (default: its own)
+    # The row whose world-size-1 runs stand for this row's (a data-parallel lab's: the single-device
+    # baseline): its accuracy and scaling efficiency are compared with them. Default: its own.
+    single_device: str | None = None
     # A row that shows an effect the course teaches (e.g. BatchNorm over small per-rank batches): its
     # accuracy gap is reported with this explanation instead of graded; its other checks are graded.
     lesson: str = ""
@@ -207,7 +209,7 @@ def _world_size_key(size: Any) -> bool:
 
 LAB_KEYS = {"world_sizes", "args", "world_size_args", "backend", "launcher", "time_budget_s", "required_checks",
             "accuracy_delta", "accuracy_metric", "efficiency_min", "throughput_metric", "metrics", "reference",
-            "lab", "accuracy_reference", "lesson"}
+            "lab", "single_device", "lesson"}
 
 
 def _band(reader: _Reader, metric: str) -> Band:
@@ -273,7 +275,7 @@ def _lab(reader: _Reader, name: str) -> LabExpectation:
         bands=bands,
         reference=_reference(reader, bands),
         program_lab=reader.get("lab", str, "a lab name (the catalog's) that this row runs", ""),
-        accuracy_reference=reader.get("accuracy_reference", str, "a lab row of this profile", None),
+        single_device=reader.get("single_device", str, "a lab row of this profile graded at world size 1", None),
         lesson=reader.get("lesson", str, "the effect this row shows, in a sentence", ""),
     )
 
@@ -337,9 +339,13 @@ def load_profile(path: Path) -> Profile:
         runs = table.get("lab", lab) if isinstance(table, dict) else lab
         if runs not in LABS:
             raise top.fail(f"labs.{lab}", f"a lab name ({', '.join(LABS)}), or a row with lab = one of them")
-        other = table.get("accuracy_reference") if isinstance(table, dict) else None
-        if other is not None and other not in labs:
-            raise top.fail(f"labs.{lab}.accuracy_reference", "a lab row of this profile", other)
+        other = table.get("single_device") if isinstance(table, dict) else None
+        base = labs.get(other) if isinstance(other, str) else None
+        if other is not None and not (isinstance(base, dict) and 1 in (base.get("world_sizes") or [])):
+            raise top.fail(f"labs.{lab}.single_device", "a lab row of this profile graded at world size 1", other)
+        if other is not None and 1 in (table.get("world_sizes") or []):
+            raise top.fail(f"labs.{lab}.world_sizes", f"no world size 1 (row {other}'s stands for it: single_device)",
+                           table["world_sizes"])
     profile = Profile(
         name=name, path=path, description=top.get("description", str, "a description", ""),
         provisional=top.get("provisional", bool, "true or false", False),

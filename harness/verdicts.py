@@ -163,15 +163,16 @@ def observed_verdicts(lab: str, world_size: int, samples: list[Sample]) -> list[
 
 
 def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]],
-                    accuracy_base: list[Sample] | None = None,
+                    single_device: list[Sample] | None = None,
                     references: dict[int, float | None] | None = None) -> list[Verdict]:
-    """Accuracy invariance and throughput scaling, both against world size 1. `accuracy_base`: the
-    world-size-1 runs that accuracy is compared with when they are another row's (accuracy_reference).
-    `references`: the lab's reference rate per world size, where its throughput is a ratio to one."""
+    """Accuracy invariance and throughput scaling, both against world size 1. `single_device`: the
+    world-size-1 runs when they are another row's (the profile's single_device, e.g. the baseline
+    for a data-parallel lab). `references`: the reference rate per world size (at 1, that of the runs
+    standing for world size 1), where the lab's throughput is a ratio to one."""
     references = references or {}
     verdicts: list[Verdict] = []
     ok = {ws: [s for s in samples if s.status == "ok"] for ws, samples in cells.items()}
-    base_runs = [s for s in (accuracy_base if accuracy_base is not None else cells.get(1, [])) if s.status == "ok"]
+    base_runs = [s for s in (single_device if single_device is not None else cells.get(1, [])) if s.status == "ok"]
 
     def mean_of(ws: int, name: str, runs: list[Sample] | None = None) -> float | None:
         values = [sample_metric(s, name) for s in (runs if runs is not None else ok.get(ws, []))]
@@ -188,19 +189,20 @@ def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]],
                                               f"{ws}"))
             else:
                 compared = f"{exp.accuracy_metric} {here:.3f} at {ws} vs {base:.3f} at 1" + (
-                    f" ({exp.accuracy_reference})" if exp.accuracy_reference else "")
+                    f" ({exp.single_device})" if exp.single_device else "")
                 verdicts.append(Verdict(exp.lab, ws, "accuracy_vs_ws1", f"{here - base:+.3f}",
                                         f"within ±{exp.accuracy_delta:g}",
                                         None if exp.lesson else abs(here - base) <= exp.accuracy_delta,
                                         f"lesson: {exp.lesson} {compared}" if exp.lesson else compared))
         if ws in exp.efficiency_min:
-            base, here = mean_of(1, exp.throughput_metric), mean_of(ws, exp.throughput_metric)
+            base, here = mean_of(1, exp.throughput_metric, base_runs), mean_of(ws, exp.throughput_metric)
             if not base or here is None:
                 verdicts.append(Verdict(exp.lab, ws, "efficiency", "-", f">= {exp.efficiency_min[ws]:g}", None,
                                         f"needs {exp.throughput_metric} at world sizes 1 and {ws}"))
             else:
                 efficiency = scaling_efficiency(here, ws, base)
-                how = f"T({ws}) / ({ws} T(1)) with T = {exp.throughput_metric}"
+                how = f"T({ws}) / ({ws} T(1)) with T = {exp.throughput_metric}" + (
+                    f", T(1) the {exp.single_device}'s" if exp.single_device else "")
                 if exp.reference and references.get(1) and references.get(ws):
                     loop = scaling_efficiency(references[ws], ws, references[1])  # type: ignore[arg-type]
                     how = f"{how} = {efficiency:.3f}, over its reference's own {loop:.3f} in this grade"
@@ -221,7 +223,10 @@ def evaluate(profile: Profile, labs: list[str], done: dict[tuple[str, int], list
         cells = {ws: samples for (name, ws), samples in done.items() if name == lab}
         for ws in sorted(cells):
             verdicts += evaluate_cell(exp, ws, cells[ws], references.get((lab, ws)))
-        base = done.get((exp.accuracy_reference, 1)) if exp.accuracy_reference else None
-        verdicts += evaluate_across(exp, cells, base, {ws: rate for (name, ws), rate in references.items()
-                                                       if name == lab})
+        rates = {ws: rate for (name, ws), rate in references.items() if name == lab}
+        base = None
+        if exp.single_device:  # its world size 1 is that row's runs, and their reference's rate
+            base = done.get((exp.single_device, 1), [])
+            rates[1] = references.get((exp.single_device, 1))
+        verdicts += evaluate_across(exp, cells, base, rates)
     return verdicts

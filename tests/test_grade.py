@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from harness import calibrate, profiles, report
-from harness.profiles import Band, LabExpectation, ProfileError, load_profile
+from harness.profiles import Band, LabExpectation, Profile, ProfileError, load_profile
 from harness.stats import mean_ci, t95
-from harness.verdicts import Sample, Verdict, band_verdict, evaluate_across, evaluate_cell
+from harness.verdicts import Sample, Verdict, band_verdict, evaluate, evaluate_across, evaluate_cell
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -98,6 +98,44 @@ def test_accuracy_invariance_and_efficiency_across_world_sizes():
     assert verdicts[(4, "efficiency")].measured == "0.500" and not verdicts[(4, "efficiency")].passed
 
 
+def test_a_data_parallel_row_is_compared_with_the_single_device_rows_world_size_1():
+    # ddp graded at 2 and 4 only; the baseline's world size 1 stands for its own: the same global batch
+    # must reach the baseline's accuracy, and speed-up is over the baseline's throughput, each over
+    # its own reference loop.
+    profile = Profile("p", Path("p.toml"), "", False, False, {}, {}, labs={
+        "baseline": LabExpectation("baseline", (1,), reference="train_loop"),
+        "ddp": LabExpectation("ddp", (2, 4), accuracy_delta=0.05, efficiency_min={2: 0.8, 4: 0.8},
+                              reference="train_loop", single_device="baseline")})
+    done = {("baseline", 1): [sample(final_accuracy=0.90, img_per_sec=80)],
+            ("ddp", 2): [sample(final_accuracy=0.88, img_per_sec=120)],
+            ("ddp", 4): [sample(final_accuracy=0.80, img_per_sec=120)]}
+    loops = {("baseline", 1): 100.0, ("ddp", 2): 150.0, ("ddp", 4): 200.0}
+    verdicts = {(v.lab, v.world_size, v.check): v for v in evaluate(profile, ["baseline", "ddp"], done, loops)}
+    assert verdicts["ddp", 2, "accuracy_vs_ws1"].passed
+    assert "0.880 at 2 vs 0.900 at 1 (baseline)" in verdicts["ddp", 2, "accuracy_vs_ws1"].detail
+    assert not verdicts["ddp", 4, "accuracy_vs_ws1"].passed  # 0.10 below the baseline
+    # (120 / 80) / 2 = 0.75, over the loop's own (150 / 100) / 2 = 0.75: 1.0; at 4, 0.375 / 0.5 = 0.75.
+    assert verdicts["ddp", 2, "efficiency"].measured == "1.000" and verdicts["ddp", 2, "efficiency"].passed
+    assert verdicts["ddp", 4, "efficiency"].measured == "0.750" and not verdicts["ddp", 4, "efficiency"].passed
+    assert "T(1) the baseline's" in verdicts["ddp", 2, "efficiency"].detail
+    assert ("ddp", 1, "accuracy_vs_ws1") not in verdicts
+    # Without the baseline's runs (another --world-sizes), nothing to compare with: said, not passed.
+    alone = {(v.world_size, v.check): v for v in evaluate(profile, ["ddp"], {("ddp", 2): done["ddp", 2]}, loops)}
+    assert alone[2, "accuracy_vs_ws1"].passed is None and alone[2, "efficiency"].passed is None
+
+
+def test_grading_a_data_parallel_lab_brings_its_single_device_row_along(tmp_path):
+    import argparse
+
+    from harness import grade
+
+    args = argparse.Namespace(profile=str(REPO / "harness/profiles/cpu-grade.toml"), labs="ddp", program=None,
+                              world_sizes=None, repeats=1, results=tmp_path, timeout=None)
+    plan = grade.plan(args)
+    assert plan.labs == ["baseline", "ddp", "ddp-local-bn"]
+    assert plan.cells() == [("baseline", 1), ("ddp", 2), ("ddp", 4), ("ddp-local-bn", 4)]
+
+
 def test_efficiency_against_a_reference_loop_divides_out_what_the_machine_does_to_n_processes():
     # Four ranks on two cores: the loop itself only doubles (efficiency 0.5), so the lab's 0.5 is all
     # the cores allow, and nothing lost to communication; a lab at 0.3 lost 40% to it.
@@ -147,6 +185,10 @@ at_least_fraction = 0.5
     (("gpus = 0", 'gpus = "none"'), "key 'match.gpus': expected a GPU count"),
     (("world_sizes = [1, 2]", "world_sizes = [1, 2]\nbogus = 1"), "key 'labs.ddp.bogus'"),
     (("name = ", "name = = "), "not valid TOML"),
+    (("world_sizes = [1, 2]", 'world_sizes = [2]\nsingle_device = "ddp"'),
+     "key 'labs.ddp.single_device': expected a lab row of this profile graded at world size 1, got 'ddp'"),
+    (("world_sizes = [1, 2]", 'world_sizes = [1, 2]\nsingle_device = "baseline"\n[labs.baseline]\nworld_sizes = [1]'),
+     "key 'labs.ddp.world_sizes': expected no world size 1 (row baseline's stands for it: single_device)"),
 ])
 def test_an_invalid_profile_names_file_key_and_expectation(tmp_path, edit, message):
     path = write(tmp_path, GOOD.replace(*edit))
@@ -235,6 +277,17 @@ def test_calibration_of_a_cpu_lab_writes_ratios_to_its_reference_not_img_per_sec
     assert faster["metrics"]["img_per_sec"]["at_least_ratio"] == {"1": 0.6}
 
 
+def test_calibration_of_a_data_parallel_row_measures_against_the_single_device_runs():
+    baseline = [sample(img_per_sec=v, final_accuracy=0.95) for v in (80, 90)]
+    cells = {2: [sample(img_per_sec=v, final_accuracy=a) for v, a in ((120, 0.96), (130, 0.94))]}
+    table = calibrate.derive_lab({"world_sizes": [2], "reference": "train_loop", "single_device": "baseline"},
+                                 "img_per_sec", cells, {1: 100.0, 2: 160.0}, single_device=baseline)
+    assert table["metrics"]["img_per_sec"]["at_least_ratio"] == {"2": round(0.6 * 125 / 160, 3)}
+    # (125 / 85) / 2 over the loop's own (160 / 100) / 2
+    assert table["efficiency_min"] == {"2": round(0.5 * (125 / 170) / (160 / 200), 3)}
+    assert table["accuracy_delta"] == 0.05
+
+
 def test_a_gpu_profile_grades_the_world_sizes_the_visible_gpus_can_hold(tmp_path):
     from harness.grade import GradePlan
 
@@ -265,15 +318,16 @@ def test_each_run_of_a_cell_follows_a_reference_run_of_its_own_at_the_profiles_t
     assert profile.threads_per_rank == 1
     plan = grade.GradePlan(profile, ["baseline", "ddp", "horovod", "allreduce_bench", "ddp-local-bn"], [1, 2], 2,
                            {}, tmp_path, None)
-    ref, ddp1 = plan.reference("ddp", 1)
-    assert ref.name == "train_loop" and ddp1.world_size == 1 and ddp1.launcher == "python" and not ddp1.observe
-    assert ddp1.threads == plan.request("ddp", 1).threads == 1  # the profile's threads, lab and reference alike
+    ref, base1 = plan.reference("baseline", 1)
+    assert ref.name == "train_loop" and base1.world_size == 1 and base1.launcher == "python" and not base1.observe
+    assert base1.threads == plan.request("baseline", 1).threads == 1  # the profile's threads, lab and reference alike
     assert plan.request("ddp", 2).threads == plan.reference("ddp", 2)[1].threads == 1
     # As many loop ranks as the lab has, side by side: one process times N got a whole core under load
     # while the lab's N ranks shared what was left.
     ddp2 = plan.reference("ddp", 2)[1]
     assert (ddp2.world_size, ddp2.launcher, ddp2.backend) == (2, "torchrun", "gloo")
-    assert not any("{run_dir}" in arg for arg in ddp1.lab_args)  # the lab's checkpoint path is not its
+    assert any("{run_dir}" in arg for arg in plan.request("ddp", 2).lab_args)
+    assert not any("{run_dir}" in arg for arg in ddp2.lab_args)  # the lab's checkpoint path is not its
     bench = plan.reference("allreduce_bench", 2)
     assert bench[0].name == "plain_allreduce" and bench[1].world_size == 2 and bench[1].backend == "gloo"
     assert plan.reference("ddp-local-bn", 4) is None  # no throughput band: no reference to run
@@ -290,11 +344,12 @@ def test_each_run_of_a_cell_follows_a_reference_run_of_its_own_at_the_profiles_t
     grade.execute(plan, done, references)
     # Reference, run, reference, run: a load that comes and goes touches a run and its reference alike.
     assert started[:4] == [("train_loop", 1), ("baseline", 1)] * 2
-    assert started[4:8] == [("train_loop", 1), ("ddp", 1)] * 2
-    assert started[8:12] == [("train_loop", 2), ("ddp", 2)] * 2
-    assert len(references["ddp", 1]) == len(done["ddp", 1]) == 2
-    assert references["ddp", 1] is not references["baseline", 1]  # each cell its own reference runs
-    assert ("ddp-local-bn", 1) not in references
+    assert started[4:8] == [("train_loop", 2), ("ddp", 2)] * 2
+    assert started[8:12] == [("train_loop", 2), ("horovod", 2)] * 2
+    assert len(references["ddp", 2]) == len(done["ddp", 2]) == 2
+    assert references["ddp", 2] is not references["horovod", 2]  # each cell its own reference runs
+    assert ("ddp", 1) not in done  # the baseline's world size 1 stands for the data-parallel labs'
+    assert not any(lab == "ddp-local-bn" for lab, _ in references)
 
 
 def test_the_training_reference_refuses_several_ranks_without_gloo(tmp_path):
