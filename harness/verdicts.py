@@ -202,7 +202,7 @@ def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]],
             else:
                 efficiency = scaling_efficiency(here, ws, base)
                 how = f"T({ws}) / ({ws} T(1)) with T = {exp.throughput_metric}" + (
-                    f", T(1) the {exp.single_device}'s" if exp.single_device else "")
+                    f" (T(1): the {exp.single_device}'s)" if exp.single_device else "")
                 if exp.reference and references.get(1) and references.get(ws):
                     loop = scaling_efficiency(references[ws], ws, references[1])  # type: ignore[arg-type]
                     how = f"{how} = {efficiency:.3f}, over its reference's own {loop:.3f} in this grade"

@@ -117,7 +117,7 @@ def test_a_data_parallel_row_is_compared_with_the_single_device_rows_world_size_
     # (120 / 80) / 2 = 0.75, over the loop's own (150 / 100) / 2 = 0.75: 1.0; at 4, 0.375 / 0.5 = 0.75.
     assert verdicts["ddp", 2, "efficiency"].measured == "1.000" and verdicts["ddp", 2, "efficiency"].passed
     assert verdicts["ddp", 4, "efficiency"].measured == "0.750" and not verdicts["ddp", 4, "efficiency"].passed
-    assert "T(1) the baseline's" in verdicts["ddp", 2, "efficiency"].detail
+    assert "(T(1): the baseline's) = 0.750" in verdicts["ddp", 2, "efficiency"].detail
     assert ("ddp", 1, "accuracy_vs_ws1") not in verdicts
     # Without the baseline's runs (another --world-sizes), nothing to compare with: said, not passed.
     alone = {(v.world_size, v.check): v for v in evaluate(profile, ["ddp"], {("ddp", 2): done["ddp", 2]}, loops)}
