@@ -212,6 +212,12 @@ LAB_KEYS = {"world_sizes", "args", "world_size_args", "backend", "launcher", "ti
             "lab", "single_device", "lesson"}
 
 
+def _listed_sizes(table: Any) -> list[Any]:
+    """A lab row's world_sizes as written, before the row is read ([] when there is no such list)."""
+    sizes = table.get("world_sizes") if isinstance(table, dict) else None
+    return sizes if isinstance(sizes, list) else []
+
+
 def _band(reader: _Reader, metric: str) -> Band:
     reader.unknown({"min", "max", "value", "tolerance", "expected", "at_least_fraction", "at_least_ratio"})
     if "at_least_ratio" in reader.table:
@@ -340,10 +346,9 @@ def load_profile(path: Path) -> Profile:
         if runs not in LABS:
             raise top.fail(f"labs.{lab}", f"a lab name ({', '.join(LABS)}), or a row with lab = one of them")
         other = table.get("single_device") if isinstance(table, dict) else None
-        base = labs.get(other) if isinstance(other, str) else None
-        if other is not None and not (isinstance(base, dict) and 1 in (base.get("world_sizes") or [])):
+        if other is not None and 1 not in _listed_sizes(labs.get(other) if isinstance(other, str) else None):
             raise top.fail(f"labs.{lab}.single_device", "a lab row of this profile graded at world size 1", other)
-        if other is not None and 1 in (table.get("world_sizes") or []):
+        if other is not None and 1 in _listed_sizes(table):
             raise top.fail(f"labs.{lab}.world_sizes", f"no world size 1 (row {other}'s stands for it: single_device)",
                            table["world_sizes"])
     profile = Profile(
