@@ -261,7 +261,8 @@ def run(args: argparse.Namespace) -> int:
                "reference_runs": sum(len(samples) for samples in references.values()),
                "wall_seconds": wall, "harness_overhead": overhead,
                "failed": sum(v.passed is False for v in verdicts), "interrupted": interrupted is not None}
-    paths = report.write_report(report_dir, summary, verdicts, done)
+    paths = report.write_report(report_dir, summary, verdicts, done,
+                                {row: exp.single_device for row, exp in profile.labs.items() if exp.single_device})
     console.print(report.verdict_table(verdicts, f"distlab grade: {profile.name}"))
     report.append_step_summary(paths["markdown"])
     failed = summary["failed"]

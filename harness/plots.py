@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.stats import amdahl_speedup, efficiency, mean_ci
-from harness.verdicts import Sample
+from harness.verdicts import Sample, sample_metric
 
 
 def pyplot() -> Any:
@@ -23,39 +23,30 @@ def pyplot() -> Any:
     return plt
 
 
-def grade_plots(done: dict[tuple[str, int], list[Sample]], out: Path) -> list[Path]:
-    """Accuracy per epoch, throughput and efficiency per world size, for the labs that report them."""
+def grade_plots(done: dict[tuple[str, int], list[Sample]], out: Path,
+                single_device: dict[str, str] | None = None) -> list[Path]:
+    """Accuracy per epoch (as the programs reported it), throughput (the harness's own timing where it
+    timed the run) and efficiency per world size. `single_device`: row -> the row whose world size 1
+    stands for its own (the profile's single_device), the T(1) of its efficiency."""
+    single_device = single_device or {}
     plt = pyplot()
     written = []
-    labs = sorted({lab for lab, _ in done})
     curves = [(lab, ws, s.record["metrics"]["test_accuracy"]) for (lab, ws), samples in sorted(done.items())
               for s in samples[:1] if s.record and isinstance(s.record.get("metrics", {}).get("test_accuracy"), list)]
     if curves:
         fig, ax = plt.subplots(figsize=(6, 4))
         for lab, ws, accuracy in curves:
             ax.plot(range(1, len(accuracy) + 1), accuracy, marker="o", label=f"{lab} ws={ws}")
-        ax.set(xlabel="epoch", ylabel="test accuracy", title="Accuracy per epoch")
+        ax.set(xlabel="epoch", ylabel="test accuracy", title="Accuracy per epoch, as each program reported it")
         ax.legend(fontsize="small")
         written.append(save(fig, out / "accuracy.png"))
-    throughput: dict[str, dict[int, Any]] = {}
-    for (lab, ws), samples in done.items():
-        values = [s.record["metrics"]["img_per_sec"] for s in samples if s.status == "ok" and s.record
-                  and isinstance(s.record["metrics"].get("img_per_sec"), (int, float))]
-        if values:
-            throughput.setdefault(lab, {})[ws] = mean_ci([float(v) for v in values])
-    if throughput:
+    series = throughput_series(done, single_device)
+    if series:
         fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(10, 4))
-        for lab in labs:
-            if lab not in throughput:
-                continue
-            sizes = sorted(throughput[lab])
-            means = [throughput[lab][ws].mean for ws in sizes]
-            errors = [throughput[lab][ws].half_width for ws in sizes]
+        for lab, (sizes, means, errors, efficiencies, label) in series.items():
             ax_t.errorbar(sizes, means, yerr=errors, marker="o", capsize=3, label=lab)
-            if 1 in throughput[lab]:
-                base = throughput[lab][1].mean
-                ax_e.plot(sizes, [efficiency(m, ws, base) for m, ws in zip(means, sizes, strict=True)],
-                          marker="o", label=lab)
+            if efficiencies:
+                ax_e.plot(sizes, efficiencies, marker="o", label=label)
         ax_t.set(xlabel="world size", ylabel="images/s (total)", title="Throughput (95% CI)")
         ax_e.axhline(1.0, color="grey", linestyle="--", label="ideal")
         ax_e.set(xlabel="world size", ylabel="efficiency T(n)/(n T(1))", title="Scaling efficiency", ylim=(0, 1.2))
@@ -63,6 +54,29 @@ def grade_plots(done: dict[tuple[str, int], list[Sample]], out: Path) -> list[Pa
             ax.legend(fontsize="small")
         written.append(save(fig, out / "throughput.png"))
     return written
+
+
+def throughput_series(done: dict[tuple[str, int], list[Sample]], single_device: dict[str, str]
+                      ) -> dict[str, tuple[list[int], list[float], list[float], list[float] | None, str]]:
+    """Per lab: world sizes, mean img/s (the harness's timing where it timed the run, never a claim in
+    its place), their 95% half-widths, efficiency T(n) / (n T(1)) with T(1) its own world size 1 or
+    else its single_device row's (None without either), and the label of that efficiency curve."""
+    throughput: dict[str, dict[int, Any]] = {}
+    for (lab, ws), samples in done.items():
+        values = [v for s in samples
+                  if s.status == "ok" and isinstance(v := sample_metric(s, "img_per_sec"), (int, float))]
+        if values:
+            throughput.setdefault(lab, {})[ws] = mean_ci([float(v) for v in values])
+    series = {}
+    for lab in sorted(throughput):
+        sizes = sorted(throughput[lab])
+        means = [throughput[lab][ws].mean for ws in sizes]
+        base_row = lab if 1 in throughput[lab] else single_device.get(lab, "")
+        base = throughput.get(base_row, {}).get(1)
+        efficiencies = [efficiency(m, ws, base.mean) for m, ws in zip(means, sizes, strict=True)] if base else None
+        series[lab] = (sizes, means, [throughput[lab][ws].half_width for ws in sizes], efficiencies,
+                       lab if base_row == lab else f"{lab} (T(1): {base_row})")
+    return series
 
 
 def save(fig: Any, path: Path) -> Path:

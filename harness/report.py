@@ -176,9 +176,10 @@ def junit(verdicts: list[Verdict], out: Path) -> None:
 
 
 def write_report(report_dir: Path, summary: dict[str, Any], verdicts: list[Verdict],
-                 done: dict[tuple[str, int], list[Sample]]) -> dict[str, Path]:
+                 done: dict[tuple[str, int], list[Sample]], single_device: dict[str, str] | None = None
+                 ) -> dict[str, Path]:
     report_dir.mkdir(parents=True, exist_ok=True)
-    images = grade_plots(done, report_dir)
+    images = grade_plots(done, report_dir, single_device)
     write_json_atomic(report_dir / "verdicts.json", [v.to_dict() for v in verdicts])
     write_json_atomic(report_dir / "summary.json", {
         **summary, "runs_by_cell": {f"{lab}@{ws}": [s.run_dir for s in samples]

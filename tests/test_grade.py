@@ -246,6 +246,19 @@ def test_report_writes_valid_junit_and_html_with_embedded_plots(tmp_path):
     assert (tmp_path / "r" / "throughput.png").stat().st_size > 1000
 
 
+def test_the_throughput_plot_shows_the_harnesss_timing_and_efficiency_over_the_single_device_row():
+    from harness.plots import throughput_series
+
+    lying = sample(img_per_sec=1000.0)  # the record's claim
+    lying.measured["img_per_sec"] = 150.0  # what the harness timed
+    done = {("baseline", 1): [sample(img_per_sec=100.0)], ("ddp", 2): [lying], ("ddp", 4): [sample(img_per_sec=200.0)]}
+    series = throughput_series(done, {"ddp": "baseline"})
+    sizes, means, _, efficiencies, label = series["ddp"]
+    assert (sizes, means, efficiencies, label) == ([2, 4], [150.0, 200.0], [0.75, 0.5], "ddp (T(1): baseline)")
+    assert throughput_series(done, {})["ddp"][3] is None  # no world size 1 to divide by: no efficiency curve
+    assert series["baseline"][3] == [1.0] and series["baseline"][4] == "baseline"
+
+
 def test_calibration_derives_bands_from_the_measured_spread():
     cells = {1: [sample(wall=10, img_per_sec=v, final_accuracy=a) for v, a in ((100, 0.80), (110, 0.82), (90, 0.81))],
              2: [sample(wall=12, img_per_sec=v, final_accuracy=0.8) for v in (180, 190, 170)]}
