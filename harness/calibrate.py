@@ -43,7 +43,7 @@ from harness.profiles import Profile
 from harness.stats import efficiency as scaling_efficiency
 from harness.stats import mean_ci
 from harness.usage import UsageError
-from harness.verdicts import Sample, sample_metric
+from harness.verdicts import Sample, row_baseline, sample_metric
 from labs.common.provenance import versions as library_versions
 
 ACCURACY = "final_accuracy"
@@ -139,13 +139,9 @@ def build_profile(name: str, template: Profile, template_data: dict[str, Any],
     labs = {}
     for lab in sorted({lab for lab, _ in done}):
         cells = {ws: samples for (name_, ws), samples in done.items() if name_ == lab}
-        rates = {ws: rate for (name_, ws), rate in (references or {}).items() if name_ == lab}
-        base = template.labs[lab].single_device
-        if base:  # its world size 1 is that row's runs, and their reference's rate
-            rates[1] = (references or {}).get((base, 1))
+        base, rates = row_baseline(template.labs[lab], done, references or {})  # as the grade compares
         labs[lab] = derive_lab(template_data["labs"][lab], template.labs[lab].throughput_metric, cells, rates,
-                               observed=LABS[template.labs[lab].catalog_lab].data_parallel,
-                               single_device=done.get((base, 1), []) if base else None)
+                               observed=LABS[template.labs[lab].catalog_lab].data_parallel, single_device=base)
         labs[lab]["world_sizes"] = sorted(cells)
     return {
         "name": name,

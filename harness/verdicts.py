@@ -223,10 +223,19 @@ def evaluate(profile: Profile, labs: list[str], done: dict[tuple[str, int], list
         cells = {ws: samples for (name, ws), samples in done.items() if name == lab}
         for ws in sorted(cells):
             verdicts += evaluate_cell(exp, ws, cells[ws], references.get((lab, ws)))
-        rates = {ws: rate for (name, ws), rate in references.items() if name == lab}
-        base = None
-        if exp.single_device:  # its world size 1 is that row's runs, and their reference's rate
-            base = done.get((exp.single_device, 1), [])
-            rates[1] = references.get((exp.single_device, 1))
+        base, rates = row_baseline(exp, done, references)
         verdicts += evaluate_across(exp, cells, base, rates)
     return verdicts
+
+
+def row_baseline(exp: LabExpectation, done: dict[tuple[str, int], list[Sample]],
+                 references: dict[tuple[str, int], float | None]
+                 ) -> tuple[list[Sample] | None, dict[int, float | None]]:
+    """What a row is compared with across world sizes: the runs standing for its world size 1 when
+    they are another row's (its single_device; None: its own), and its reference rate per world size,
+    at 1 that of those runs."""
+    rates = {ws: rate for (name, ws), rate in references.items() if name == exp.lab}
+    if not exp.single_device:
+        return None, rates
+    rates[1] = references.get((exp.single_device, 1))
+    return done.get((exp.single_device, 1), []), rates
