@@ -198,6 +198,42 @@ def parse_all_reduce_perf(text: str) -> tuple[list[list[str]], str, str]:
     return rows, out_of_bounds, average
 
 
+def printed_resolution(text: str) -> float:
+    """Half a unit in the last place the text prints: how far the printed number may be from the value."""
+    mantissa, _, exponent = text.strip().partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    return 0.5 * 10.0 ** (int(exponent or 0) - decimals)
+
+
+def assert_printed_like_nccl_tests(text: str, value: float, width: int) -> None:
+    """The field holds `value` to as many of 2 decimals as its width allows, as nccl-tests' getFloatStr
+    prints by magnitude (a time of 10 ms or more keeps 1 decimal in 7 characters): so what is compared
+    does not depend on how fast the machine ran."""
+    assert len(text) <= width and "e" not in text, text  # an exponent only past 10^7 us or 10^6 GB/s
+    decimals = len(text.partition(".")[2])
+    assert decimals == 2 or len(f"{value:.{decimals + 1}f}") > width, (text, value)  # no decimal dropped needlessly
+    assert float(text) == pytest.approx(value, abs=printed_resolution(text) * (1 + 1e-9))
+
+
+@pytest.mark.parametrize(("text", "resolution"), [("  12.35", 0.005), ("10635.7", 0.05), (" 123457", 0.5),
+                                                  ("1.2e+07", 5e5), ("  0.00", 0.005)])
+def test_printed_resolution_is_half_the_last_printed_place(text, resolution):
+    assert printed_resolution(text) == pytest.approx(resolution)
+
+
+# The first case is the one a slower machine printed (10.6 ms per call at 64 KiB), which a test
+# that assumed two decimals failed; the rest would pass a printer that drops decimals or misrounds.
+@pytest.mark.parametrize(("text", "value", "width", "holds"), [
+    ("10635.7", 10635.655, 7, True), ("  12.35", 12.345, 7, True), (" 123457", 123456.7, 7, True),
+    ("   12.3", 12.345, 7, False), ("  12.34", 12.3561, 7, False), ("10635.6", 10635.655, 7, False)])
+def test_a_printed_field_is_judged_by_its_own_decimals(text, value, width, holds):
+    if holds:
+        assert_printed_like_nccl_tests(text, value, width)
+    else:
+        with pytest.raises(AssertionError):
+            assert_printed_like_nccl_tests(text, value, width)
+
+
 @pytest.mark.parametrize(("value", "width", "text"), [(12.345, 7, "  12.35"), (123456.7, 7, " 123457"),
                                                       (1234567.0, 7, "1234567"), (12345678.0, 7, "1.2e+07"),
                                                       (0.004, 6, "  0.00"), (1234567.0, 6, " 1e+06")])
@@ -227,13 +263,15 @@ def test_nccl_tests_format_is_read_by_an_all_reduce_perf_parser(distlab_run):
             if "na" in measured:  # torch's all_reduce has no out-of-place form: nothing invented for it
                 assert half == ["N/A"] * 4
                 continue
-            time_us, algbw, busbw = (float(f) for f in half[:3])  # numeric, or this raises
             assert int(half[3]) == measured["wrong"] == 0
-            assert time_us == pytest.approx(measured["time_us"], abs=0.006)
-            assert algbw == pytest.approx(int(fields[0]) / (time_us * 1e-6) / 1e9, abs=0.006)
-            assert busbw == pytest.approx(algbw * 2 * (2 - 1) / 2, abs=0.006)  # all-reduce: 2(n-1)/n, n = 2
-            busbws.append(busbw)
+            # Each field is the record's value as the format prints it; the record's own arithmetic holds.
+            assert_printed_like_nccl_tests(half[0], measured["time_us"], 7)
+            assert_printed_like_nccl_tests(half[1], measured["algbw_gbps"], 6)
+            assert_printed_like_nccl_tests(half[2], measured["busbw_gbps"], 6)
+            assert measured["algbw_gbps"] == pytest.approx(int(fields[0]) / (measured["time_us"] * 1e-6) / 1e9)
+            assert measured["busbw_gbps"] == pytest.approx(measured["algbw_gbps"] * 2 * (2 - 1) / 2)  # 2(n-1)/n
+            busbws.append(measured["busbw_gbps"])
     assert [r["size"] for r in recorded] == sizes and busbws
-    # The Avg line is the mean busbw over every time measured, computed before rounding to 2 decimals.
-    assert float(average) == pytest.approx(sum(busbws) / len(busbws), abs=0.005)
+    # The Avg line is the mean busbw over every time measured, unrounded, printed with %g (6 digits).
+    assert float(average) == pytest.approx(sum(busbws) / len(busbws), rel=1e-5)
     assert float(average) == pytest.approx(result.record["metrics"]["avg_busbw_gbps"], rel=1e-5)
