@@ -233,6 +233,8 @@ EXAMPLES = {
                   "  CUDA_VISIBLE_DEVICES=0,1 distlab acceptance",
     "plan": "examples:\n  distlab plan --params 7e9 --gpus 8 --gpu-memory 80GB --optimizer adam --precision bf16\n"
             "  distlab plan --params 70e9 --gpus 64 --gpu-memory 80GB --seq-len 4096 --batch 1 --json",
+    "predict": "examples:\n  distlab predict --scale results/scale/STUDY --bench results/allreduce_bench/RUN --check\n"
+               "  distlab predict --cluster          # DGX H100 and 1024 GPUs over InfiniBand, from published figures",
     "completion": "examples:\n  distlab completion bash > /etc/bash_completion.d/distlab",
 }
 
@@ -320,6 +322,14 @@ def build_parser() -> Parser:
 
     planner.add_arguments(plan)
     plan.set_defaults(func=planner.cmd_plan)
+
+    predict = command("predict", help="step time, throughput and efficiency at 1..1024 ranks (alpha-beta model)",
+                      description="DDP and FSDP past this machine, from a measured step and interconnect "
+                                  "(harness/predict.py: the formulas; labs/SCALING.md).")
+    from harness import predict as predictor
+
+    predictor.add_arguments(predict)
+    predict.set_defaults(func=predictor.cmd_predict)
 
     bench = command("bench", help="benchmarks that print ratios measured side by side",
                     description="Arguments after -- go to the benchmark.")
