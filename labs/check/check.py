@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from labs.common import timing
 from labs.common.comm import ALL_BACKENDS, connect
 from labs.common.contract import add_contract_args, lab_run
 from labs.common.topology import detect_topology, say
@@ -28,6 +29,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_contract_args(parser, list(ALL_BACKENDS), default_backend="gloo")
     parser.add_argument("--elements", type=int, default=ELEMENTS, help="all-reduce length (float32 elements)")
+    parser.add_argument("--device", choices=["auto", "cuda"], default="auto",
+                        help="auto: the backend's (NCCL the rank's GPU, Gloo and MPI the CPU); cuda with gloo: CUDA "
+                             "tensors over Gloo, ranks sharing the GPUs (two ranks on one GPU, which NCCL refuses)")
     parser.add_argument("--fail-rank", type=int, help="teaching/testing aid: this rank exits with code 3 after init")
     parser.add_argument("--hang-rank", type=int, help="teaching/testing aid: this rank stops answering after init")
     args = parser.parse_args()
@@ -37,7 +41,7 @@ def main() -> None:
 
     with lab_run("check", args, topology) as record:
         started = time.perf_counter()
-        comm = connect(args.backend, topology, args.timeout)
+        comm = connect(args.backend, topology, args.timeout, args.device)
         record.metrics["init_seconds"] = time.perf_counter() - started
         if args.fail_rank == comm.rank:
             print(f"rank {comm.rank}: exiting with code 3 as asked by --fail-rank", flush=True)
@@ -50,9 +54,9 @@ def main() -> None:
         # Rank r contributes r + 1 everywhere, so every element must sum to n(n+1)/2:
         # small integers are exact in float32, so the check is equality, not a tolerance.
         tensor = torch.full((args.elements,), float(comm.rank + 1), device=comm.device)
-        started = time.perf_counter()
+        started = timing.now(comm.device)
         summed = comm.all_reduce_sum(tensor)
-        record.metrics["allreduce_seconds"] = time.perf_counter() - started
+        record.metrics["allreduce_seconds"] = timing.now(comm.device) - started  # NCCL's call returns when queued
         expected = comm.size * (comm.size + 1) / 2
         wrong = int((summed != expected).sum())
         record.check("allreduce_value", wrong == 0, expected=expected, wrong_elements=wrong)

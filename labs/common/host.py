@@ -46,6 +46,25 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def rank_device(requested: str, local_rank: int, local_world_size: int, gpus: int) -> str:
+    """The device one rank computes on: "cpu" or "cuda:<index>". The one rule behind the labs' --device.
+
+    auto: GPU <local rank> when every rank on this node can have a GPU of its own, else the CPU for
+    every rank. It is the rule the harness's backend_for follows (harness/catalog.py: NCCL when each
+    rank has a GPU, Gloo "on the CPUs" otherwise); giving each rank cuda:<local rank> regardless sent
+    the ranks past the last GPU to "invalid device ordinal".
+    cuda: asked for by name, so the ranks share the GPUs, local rank modulo their count: two ranks
+    over Gloo with CUDA tensors on one GPU work (NCCL refuses two ranks on one GPU, and says so).
+    cpu: the CPU."""
+    if requested == "cpu" or (requested == "auto" and gpus < max(1, local_world_size)):
+        return "cpu"
+    if requested not in ("auto", "cuda"):
+        raise ValueError(f"unknown device {requested!r}; choose auto, cpu or cuda")
+    if not gpus:
+        raise ValueError("--device cuda: no GPU is visible; use --device cpu")
+    return f"cuda:{local_rank % gpus}"
+
+
 def gpus() -> dict[str, Any]:
     """Count, models and driver of the visible GPUs, for provenance."""
     count = gpu_count()

@@ -21,7 +21,6 @@ import math
 import os
 import pickle
 import tempfile
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,10 @@ import torch.nn.functional as F
 import torchvision
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Sampler
+
+from labs.common import timing
+from labs.common.host import rank_device
+from labs.common.topology import detect_topology
 
 CLASSES = 10
 IMAGE_SHAPE = (3, 32, 32)
@@ -125,10 +128,14 @@ def resolve_training_args(parser: argparse.ArgumentParser, args: argparse.Namesp
     args.train_size = full_train if args.train_size is None else args.train_size
     args.test_size = full_test if args.test_size is None else args.test_size
 
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no GPU is visible; use --device cpu")
+    if args.device == "auto":
+        # The GPUs only when every rank on this node gets one of its own (host.rank_device): with
+        # fewer GPUs than ranks the harness runs Gloo on the CPUs, and so does every rank here.
+        topology = detect_topology()
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        args.device = rank_device("auto", topology.local_rank, topology.local_world_size, gpus).split(":")[0]
     on_gpu = args.device == "cuda"
     if args.precision == "auto":
         args.precision = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if on_gpu else "fp32"
@@ -409,9 +416,10 @@ def model_tag(args: argparse.Namespace) -> str:
 
 def pick_device(args: argparse.Namespace, local_rank: int = 0) -> torch.device:
     """This process's device: GPU local_rank with --device cuda (the distributed labs then make it the
-    current device themselves, torch.cuda.set_device), else the CPU."""
+    current device themselves, torch.cuda.set_device), else the CPU. More ranks than GPUs, asked for
+    with --device cuda, share them (host.rank_device): Gloo carries CUDA tensors between ranks on one GPU."""
     if args.device == "cuda":
-        device = torch.device("cuda", local_rank)
+        device = torch.device(rank_device("cuda", local_rank, 1, torch.cuda.device_count()))
         # cuDNN picks the fastest convolution algorithm for these fixed shapes on the first steps.
         torch.backends.cudnn.benchmark = True
         return device
@@ -502,9 +510,7 @@ class TrainClock:
         self.epoch_start = 0.0
 
     def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        return timing.now(self.device)
 
     def start_epoch(self) -> None:
         self.epoch_start = self._now()

@@ -21,13 +21,13 @@ import argparse
 import copy
 import gc
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from labs.common import timing
 from labs.common.contract import add_contract_args, lab_run
 from labs.common.models_small import BlockStack, synthetic_batch
 from labs.common.process_group import init_torch_distributed
@@ -92,10 +92,14 @@ def main(argv=None):
             inputs, labels = synthetic_batch(step, args.batch, args.dim, args.classes)
             optimizer.zero_grad(set_to_none=True)
             stage.reset()
+            inputs, labels = inputs.to(device), labels.to(device)
+            timing.synchronize(device)  # the copies are not the step's
             dist.barrier()  # every stage starts the step together: the clock starts with the pipeline
-            started = time.perf_counter()
-            micro_losses = run_step(stage, inputs.to(device), labels.to(device), args, rank, stages)
-            seconds = torch.tensor(time.perf_counter() - started)
+            started = timing.now(device)
+            micro_losses = run_step(stage, inputs, labels, args, rank, stages)
+            # On the rank's device: an NCCL group refuses a CPU tensor ("No backend type associated
+            # with device type cpu"); the clock read after the GPU has finished the step's work.
+            seconds = torch.tensor(timing.now(device) - started, device=device)
             # The step lasts until the last stage is done: a stage that finished early is idle till then.
             dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
             # Gradients were summed over micro-batches; divide once, as torch's ScheduleGPipe does.
@@ -164,7 +168,7 @@ def gpipe_step_manual(stage, inputs, labels, args, rank, stages):
         y = stage(x)
         if last:
             y = F.cross_entropy(y, micro_labels[i])
-            losses.append(y.item())
+            losses.append(y.detach())  # no .item() here: on a GPU it would wait for the queue every micro-batch
         else:
             sends.append(dist.isend(y.detach(), dst=rank + 1))
         received.append(x)
@@ -180,7 +184,7 @@ def gpipe_step_manual(stage, inputs, labels, args, rank, stages):
             sends.append(dist.isend(received[i].grad, dst=rank - 1))
     for send in sends:
         send.wait()
-    return losses
+    return torch.stack(losses).tolist() if losses else []
 
 
 def gpipe_step_torch(stage, args, rank, stages, device):
@@ -228,11 +232,13 @@ class TimedStage(nn.Module):
         return sum(self.forward_seconds) + sum(self.backward_seconds)
 
     def forward(self, x):
-        started = time.perf_counter()
+        # Every reading waits for the device (timing.now): on a GPU the stopwatch would otherwise
+        # time the kernels' launch, and the bubble would be launch time, not compute.
+        started = timing.now(x.device)
         if not x.requires_grad:  # the first stage's input: so that the backward stopwatch below runs
             x = x.detach().requires_grad_()
         y = _StopwatchEnd.apply(self.layers(_StopwatchStart.apply(x, self)), self)
-        self.forward_seconds.append(time.perf_counter() - started)
+        self.forward_seconds.append(timing.now(x.device) - started)
         return y
 
 
@@ -246,7 +252,7 @@ class _StopwatchEnd(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.stage.backward_started = time.perf_counter()
+        ctx.stage.backward_started = timing.now(grad.device)
         return grad, None
 
 
@@ -260,7 +266,7 @@ class _StopwatchStart(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        ctx.stage.backward_seconds.append(time.perf_counter() - ctx.stage.backward_started)
+        ctx.stage.backward_seconds.append(timing.now(grad.device) - ctx.stage.backward_started)
         return grad, None
 
 

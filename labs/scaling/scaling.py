@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from labs.common.comm import connect
 from labs.common.contract import add_contract_args, lab_run
 from labs.common.replicas import params_digest
+from labs.common.timing import synchronize
 from labs.common.topology import detect_topology, say
 from labs.common.training import CLASSES, IMAGE_SHAPE, build_model, make_precision
 
@@ -68,6 +69,8 @@ def parse_args(argv=None):
                         help=f"DDP only: gradients are all-reduced in buckets of about this many MiB as backward "
                              f"fills them (default {DDP_BUCKET_CAP_MB:g}); smaller buckets start communicating "
                              "sooner, larger ones make fewer calls")
+    levers.add_argument("--channels-last", action=argparse.BooleanOptionalAction,
+                        help="NHWC images (and, with DDP, model) as tensor cores want them (default: on GPUs)")
     levers.add_argument("--fp16-allreduce", action="store_true",
                         help="send gradients as fp16, half the bytes (Horovod's Compression.fp16, "
                              "DDP's fp16_compress_hook)")
@@ -157,12 +160,6 @@ def horovod_steps(model, device, args):
         hvd.allreduce_(tensor, op=hvd.Sum)
 
     return synced, local, model, allreduce
-
-
-def synchronize(device):
-    """Wait for the GPU's queue, so the clock reads finished work (a no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def timed(step, steps, device, barrier):
@@ -269,9 +266,14 @@ def main(argv=None):
         record.config.update(stem=args.stem, bucket_cap_mb=args.bucket_cap_mb)
         precision = make_precision(args, device)
 
+        args.channels_last = device.type == "cuda" if args.channels_last is None else args.channels_last
+        record.config.update(channels_last=args.channels_last)
         torch.manual_seed(args.seed)  # the same initial model everywhere; DDP and Horovod broadcast it anyway
         model = build_model(args.stem).to(device)
-        if device.type == "cuda":
+        if args.channels_last and args.backend != "horovod":
+            # Not for Horovod: 0.28.1 refuses tensors that are not contiguous, and a channels_last model's
+            # weights, gradients and momentum are not (labs/horovod/train.py, build_model). Its images alone
+            # are channels_last, which is enough for cuDNN's NHWC kernels.
             model = model.to(memory_format=torch.channels_last)
         parameters = sum(p.numel() for p in model.parameters())
         wrap = horovod_steps if args.backend == "horovod" else ddp_steps
@@ -280,7 +282,7 @@ def main(argv=None):
         # Each rank its own data, made once: the steps measure the model, not the input pipeline.
         generator = torch.Generator().manual_seed(args.seed * 1000 + comm.rank)
         images = torch.randn(args.batch_size, *IMAGE_SHAPE, generator=generator).to(device)
-        if device.type == "cuda":
+        if args.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
         labels = torch.randint(0, CLASSES, (args.batch_size,), generator=generator).to(device)
 

@@ -17,7 +17,6 @@ forward. Both must reproduce the single-process block, forward and backward.
 import argparse
 import copy
 import gc
-import time
 
 import torch
 import torch.distributed as dist
@@ -26,6 +25,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
+from labs.common import timing
 from labs.common.contract import add_contract_args, lab_run
 from labs.common.models_small import MLPBlock, tensor_bytes
 from labs.common.process_group import init_torch_distributed
@@ -133,7 +133,9 @@ def compare(record, name, got, expected):
     pairs = {"output": (got["output"], expected["output"]), "loss": (got["loss"], expected["loss"]),
              "input_grad": (got["input_grad"], expected["input_grad"]),
              **{f"grad {k}": (got["grads"][k], expected["grads"][k]) for k in expected["grads"]}}
-    errors = torch.tensor([((a - b).abs().max() / b.abs().max()).item() for a, b in pairs.values()])
+    # Stacked on the rank's device, where the tensors are: an NCCL group refuses a CPU tensor ("No
+    # backend type associated with device type cpu"), and no .item() per pair waits for the GPU.
+    errors = torch.stack([((a - b).abs().max() / b.abs().max()).float() for a, b in pairs.values()])
     dist.all_reduce(errors, op=dist.ReduceOp.MAX)  # every rank checked its own slices
     worst = errors.max().item()
     worst_of = list(pairs)[errors.argmax().item()]
@@ -146,14 +148,10 @@ def compare(record, name, got, expected):
 
 def time_passes(model, inputs, target, device):
     forward_backward(model, inputs, target)  # warm-up
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
+    started = timing.now(device)  # readings of finished work: on a GPU, not the kernels' launch
     for _ in range(REPEATS):
         forward_backward(model, inputs, target)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - started) / REPEATS
+    return (timing.now(device) - started) / REPEATS
 
 
 # --------------------------------------------------------------------------------------- by hand
