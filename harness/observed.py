@@ -27,10 +27,14 @@ The rules, per check:
   training epochs (a DistributedSampler without set_epoch repeats its permutation). With fewer
   than two training epochs there is nothing to compare: the check is not applicable, which
   counts as passed (`applicable` is False and the detail says so; a grader shows it as n/a).
-- replicas_identical: every rank's final parameters are bitwise equal (one digest). Buffers are
-  reported, not required: DDP broadcasts rank 0's buffers before each forward and every rank then
-  updates BatchNorm's running statistics from its own batch, so after the last step they differ
-  in a correct run (measured: the ddp lab's two ranks end with equal parameters, different buffers).
+- replicas_identical: every rank's final parameters and buffers are bitwise equal: one model. The
+  parameters are equal after every step of a correct run; BatchNorm's running statistics are not
+  unless the program makes them so: each rank updates them from its own batches (DDP broadcasts
+  rank 0's at the start of each forward, and the forward moves them again), so a program that
+  evaluates or saves without averaging them (labs/common/replicas.average_buffers) holds a
+  different model on every rank. That is the course's BatchNorm lesson, and the detail names it
+  with its fix. Which parts differ are the check's `causes` ("parameters", "buffers"): a claim is
+  contradicted only by the part it is about (CLAIMS).
 - one_writer_per_checkpoint: no file (the path a torch.save ended up at, following a rename) was
   saved by more than one rank.
 - optimizer_steps_equal: every rank took the same number of optimizer steps.
@@ -54,18 +58,25 @@ from typing import Any
 
 OBSERVATIONS_SCHEMA = "distlab-observations"
 WEIGHTS_FILE = "final_weights.pt"
-# The record's claims (labs/common/replicas.py writes them) and the observed check that answers each.
-CLAIMS = {
-    "params_identical": "replicas_identical",
-    "replicas_identical": "replicas_identical",
-    "shards_disjoint": "shards_disjoint",
-    "shards_cover": "shards_cover",
-    "order_changes_per_epoch": "order_changes_per_epoch",
-    "set_epoch": "order_changes_per_epoch",
-    "one_writer_per_checkpoint": "one_writer_per_checkpoint",
-    "optimizer_steps_equal": "optimizer_steps_equal",
-    "process_group": "process_group",
+# The record's claims (labs/common/replicas.py writes them), the observed check that answers each,
+# and the part of it the claim is about: a check failed for another cause does not contradict it
+# (equal parameters beside differing BatchNorm statistics: params_identical is true). None: any.
+CLAIMS: dict[str, tuple[str, str | None]] = {
+    "params_identical": ("replicas_identical", "parameters"),
+    "buffers_identical": ("replicas_identical", "buffers"),
+    "replicas_identical": ("replicas_identical", None),
+    "shards_disjoint": ("shards_disjoint", None),
+    "shards_cover": ("shards_cover", None),
+    "order_changes_per_epoch": ("order_changes_per_epoch", None),
+    "set_epoch": ("order_changes_per_epoch", None),
+    "one_writer_per_checkpoint": ("one_writer_per_checkpoint", None),
+    "optimizer_steps_equal": ("optimizer_steps_equal", None),
+    "process_group": ("process_group", None),
 }
+# Where the course teaches what the replicas check finds (labs/TRAINING.md), and its fix in one line.
+BATCHNORM_LESSON = ("the BatchNorm lesson (labs/TRAINING.md, \"One model at the end of training\"): average the "
+                    "running statistics over the ranks before evaluating and saving (one all-reduce, then divide "
+                    "by the world size), or broadcast rank 0's")
 WARMUP_STEPS = 3  # the first optimizer steps of a run, left out of its throughput (start-up)
 # A program times its own steps its own way (with or without loading the next batch, say): its
 # img_per_sec is a claim to contradict only when it exceeds the harness's by more than this factor.
@@ -78,6 +89,7 @@ class Check:
     passed: bool
     detail: str  # one line: what the harness saw
     applicable: bool = True  # False: nothing to judge (passed is then True, the detail says why)
+    causes: tuple[str, ...] = ()  # what failed, where a check can fail for more than one thing (CLAIMS)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "passed": self.passed, "detail": self.detail, "applicable": self.applicable}
@@ -190,22 +202,34 @@ def compare_claims(record: dict[str, Any] | None, observed: list[Check], measure
                    accuracy_tolerance: float = 1e-6, measured_img_per_sec: float | None = None) -> list[Check]:
     """A failed check for each claim of the record that the harness observed to be false.
 
-    A claim is a check the record says passed; the observed check it names (CLAIMS) failed. With
-    measured_accuracy (harness/evaluate.py), the record's final_accuracy is a claim too; with
-    measured_img_per_sec (`throughput`), its img_per_sec, beyond THROUGHPUT_CLAIM_FACTOR.
+    A claim is a check the record says passed; the observed check it names (CLAIMS) failed, for the
+    cause the claim is about. With measured_accuracy (harness/evaluate.py), the record's
+    final_accuracy is a claim too, judged like with like: where the ranks' buffers differ (observed),
+    each rank evaluated its own model, so the lab's sum over shards and rank 0's model on the whole
+    test set are honestly different numbers, and the claim is not applicable (the replicas check
+    fails, with the lesson). With measured_img_per_sec (`throughput`), its img_per_sec, beyond
+    THROUGHPUT_CLAIM_FACTOR.
     """
     by_name = {check.name: check for check in observed}
     contradicted = []
     for claim, info in sorted(((record or {}).get("checks") or {}).items()):
-        check = by_name.get(CLAIMS.get(claim, ""))
-        if isinstance(info, dict) and info.get("passed") is True and check is not None and not check.passed:
+        name, about = CLAIMS.get(claim, ("", None))
+        check = by_name.get(name)
+        if isinstance(info, dict) and info.get("passed") is True and check is not None and not check.passed \
+                and (about is None or not check.causes or about in check.causes):
             contradicted.append(Check(f"claim:{claim}", False, f"record claims {claim}, {check.detail}"))
     claimed = ((record or {}).get("metrics") or {}).get("final_accuracy")
     if measured_accuracy is not None and isinstance(claimed, (int, float)) \
             and abs(claimed - measured_accuracy) > accuracy_tolerance:
-        contradicted.append(Check("claim:final_accuracy", False,
-                                  f"record claims final_accuracy {claimed:.6g}, harness measured "
-                                  f"{measured_accuracy:.6g} from rank 0's final weights"))
+        says = (f"record claims final_accuracy {claimed:.6g}, harness measured {measured_accuracy:.6g} from "
+                "rank 0's final weights")
+        replicas = by_name.get("replicas_identical")
+        if replicas is not None and replicas.causes == ("buffers",):
+            contradicted.append(Check("claim:final_accuracy", True, f"{says}: not comparable, the ranks' buffers "
+                                      "differ (observed:replicas_identical), so each rank counted its test shard "
+                                      "with a model of its own", applicable=False))
+        else:
+            contradicted.append(Check("claim:final_accuracy", False, says))
     rate = ((record or {}).get("metrics") or {}).get("img_per_sec")
     if measured_img_per_sec and isinstance(rate, (int, float)) \
             and rate > THROUGHPUT_CLAIM_FACTOR * measured_img_per_sec:
@@ -324,19 +348,39 @@ def check_replicas(ranks: list[RankObservation]) -> Check:
     if not ranks or without:
         return Check(name, False, f"harness found no trained model on rank {_join(without) or '(none)'} "
                                   "(no optimizer step, or the observer could not find the module)")
+    first, others = ranks[0], ranks[1:]
+    differing = {r.rank: _buffers_differing(first.model, r.model) for r in others
+                 if r.model.get("buffers_sha256") != first.model.get("buffers_sha256")}
     params = {r.model["params_sha256"] for r in ranks}
-    buffers = {r.model["buffers_sha256"] for r in ranks}
-    buffer_note = ("buffers equal" if len(buffers) == 1 else
-                   f"buffers differ ({len(buffers)} digests: each rank's running statistics, allowed)")
     if len(params) > 1:
         groups: dict[str, list[int]] = {}
         for r in ranks:
             groups.setdefault(r.model["params_sha256"], []).append(r.rank)
         split = "; ".join(f"rank {_join(rs)}: {digest[:12]}" for digest, rs in groups.items())
         return Check(name, False, f"harness observed {len(params)} distinct digests of the final parameters "
-                                  f"over {len(ranks)} ranks ({split})")
-    return Check(name, True, f"final parameters bitwise equal on all {len(ranks)} ranks "
-                             f"({next(iter(params))[:12]}); {buffer_note}")
+                                  f"over {len(ranks)} ranks ({split})",
+                     causes=("parameters", "buffers") if differing else ("parameters",))
+    if not differing:
+        return Check(name, True, f"final parameters and buffers bitwise equal on all {len(ranks)} ranks "
+                                 f"({next(iter(params))[:12]}): one model")
+    names = sorted({buffer for buffers in differing.values() for buffer in buffers})
+    kinds = (first.model.get("buffers") or {})
+    batchnorm = bool(names) and all((kinds.get(buffer) or {}).get("module") == "BatchNorm" for buffer in names)
+    what = "BatchNorm running statistics" if batchnorm else "buffers"
+    which = f", in {len(names)} buffer(s), e.g. {names[0]}" if names else ""
+    who = f"rank{'s' if len(differing) > 1 else ''} {_join(sorted(differing), ' and ')}"
+    return Check(name, False, f"parameters identical; {what} differ on {len(differing)} of {len(ranks)} ranks "
+                              f"({who} from rank {first.rank}'s{which}): each rank holds "
+                              "a different model to evaluate and save"
+                              + (f"; {BATCHNORM_LESSON}" if batchnorm else ""), causes=("buffers",))
+
+
+def _buffers_differing(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The buffers whose digests differ between two ranks' final models ([] where the observer did
+    not digest each buffer: an older observation)."""
+    mine, theirs = a.get("buffers") or {}, b.get("buffers") or {}
+    return sorted(name for name in mine.keys() | theirs.keys()
+                  if (mine.get(name) or {}).get("sha256") != (theirs.get(name) or {}).get("sha256"))
 
 
 def check_one_writer(ranks: list[RankObservation]) -> Check:

@@ -92,7 +92,8 @@ class LabExpectation:
     # baseline): its accuracy and scaling efficiency are compared with them. Default: its own.
     single_device: str | None = None
     # A row that shows an effect the course teaches (e.g. BatchNorm over small per-rank batches): its
-    # accuracy gap is reported with this explanation instead of graded; its other checks are graded.
+    # bands and comparisons across world sizes are reported with this explanation instead of graded
+    # (being worse is its point); its run, checks, observations, claims and time budget are graded.
     lesson: str = ""
 
     @property

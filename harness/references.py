@@ -28,6 +28,12 @@ HERE = Path(__file__).resolve().parent
 # lab (1) and half as fast (0.5), which must fail. Another way of loading or timing costs a correct
 # program a little, and the paired runs' noise under load was within 15% here.
 PROGRAM_RATIO_FLOOR = 0.7
+# A student's program is judged on paired runs: course lab, program, course lab, program, ... course
+# lab, each run over the mean of the lab's runs just before and after it, and the verdict on the
+# median of those ratios. A load that changes steadily slows a run and its neighbours alike; one
+# that comes and goes (another program's burst) can tip one pair, not the median of three. So at
+# least this many runs of a timed program, whatever --repeats says (more repeats: more pairs).
+PROGRAM_PAIRS = 3
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ does to any n processes (too few cores, another program's load) divided out.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -30,6 +31,10 @@ class Verdict:
     expected: str
     passed: bool | None  # None: not applicable here (said why in detail)
     detail: str = ""
+    # How far a numeric comparison was from failing, as a fraction of its threshold: 0.25 is 25% above
+    # a floor (or below a ceiling), negative where it failed; None for a comparison without a number.
+    # The robustness sweep's figure is the smallest seen (harness/robustness.py).
+    margin: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,6 +55,9 @@ class Sample:
     # and measure_errors says why.
     measured: dict[str, float | None] = field(default_factory=dict)
     measure_errors: dict[str, str] = field(default_factory=dict)
+    # The reference rate this run is paired with (grade.pair_references): the reference run just
+    # before it, or the mean of those just before and after it. None: judged against the cell's rate.
+    reference: float | None = None
 
 
 def metric(record: dict[str, Any] | None, name: str) -> float | None:
@@ -71,6 +79,9 @@ def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample],
     Throughput (absolute or as a ratio) is judged on the median over the runs: a slow outlier cannot
     fail a healthy program, noise cannot pass a slow one (no interval is used), and more repeats
     only bring the median closer to the true rate, so the rule gets stricter with them, not looser.
+    A ratio is the median of the paired ratios where the runs carry their own reference (each run
+    over the reference measured beside it in time: a busy moment slows both), else of the runs over
+    the cell's reference rate.
     """
     values = [sample_metric(s, band.metric) for s in samples]
     expected = band.describe(world_size)
@@ -83,15 +94,24 @@ def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample],
         if world_size not in band.at_least_ratio:
             return Verdict(lab, world_size, f"{band.metric}_ratio", "-", expected, None,
                            f"the profile has no expectation for world size {world_size}")
+        paired = [(v, s.reference) for v, s in zip(values, samples, strict=True) if s.reference]
+        if paired:
+            ratios = [v / r for v, r in paired]  # type: ignore[operator]
+            median, floor = statistics.median(ratios), band.at_least_ratio[world_size]
+            return Verdict(lab, world_size, f"{band.metric}_ratio", f"{median:.3f}", expected, median >= floor,
+                           f"median of {len(ratios)} paired ratio(s) ({', '.join(f'{r:.3f}' for r in ratios)}), "
+                           f"each run's {band.metric} over the reference measured around it in this grade "
+                           f"(median {statistics.median(values):.4g} against "
+                           f"{statistics.median(r for _, r in paired):.4g})", margin=above(median, floor))
         if not reference:
             return Verdict(lab, world_size, f"{band.metric}_ratio", "-", expected, False,
                            "the reference loop did not run successfully, so throughput could not be judged")
         ratios = [v / reference for v in values]  # type: ignore[operator]
-        median = statistics.median(ratios)
-        return Verdict(lab, world_size, f"{band.metric}_ratio", f"{median:.3f}", expected,
-                       median >= band.at_least_ratio[world_size],
+        median, floor = statistics.median(ratios), band.at_least_ratio[world_size]
+        return Verdict(lab, world_size, f"{band.metric}_ratio", f"{median:.3f}", expected, median >= floor,
                        f"median of {len(ratios)} run(s): {statistics.median(values):.4g} {band.metric} against "
-                       f"the reference's {reference:.4g}, measured in this grade on this machine")
+                       f"the reference's {reference:.4g}, measured in this grade on this machine",
+                       margin=above(median, floor))
     if band.expected:
         if world_size not in band.expected:
             return Verdict(lab, world_size, band.metric, fmt(mean_ci(values).mean), expected, None,
@@ -99,18 +119,37 @@ def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample],
         median = statistics.median(values)
         threshold = band.at_least_fraction * band.expected[world_size]
         return Verdict(lab, world_size, band.metric, fmt(median), expected, median >= threshold,
-                       f"threshold {threshold:.4g}; median of {len(values)} run(s), 95% CI {mean_ci(values)}")
+                       f"threshold {threshold:.4g}; median of {len(values)} run(s), 95% CI {mean_ci(values)}",
+                       margin=above(median, threshold))
     mean = mean_ci(values).mean
     if band.value is not None:
         passed = abs(mean - band.value) <= band.tolerance
+        margin = within(abs(mean - band.value), band.tolerance)
     else:
         passed = (band.min is None or mean >= band.min) and (band.max is None or mean <= band.max)
+        sides = [m for m in (above(mean, band.min), below(mean, band.max)) if m is not None]
+        margin = min(sides) if sides else None
     how = [f"mean of {len(values)} run(s)"] if len(values) > 1 else []
     if any(band.metric in s.measured for s in samples):
         claimed = [metric(s.record, band.metric) for s in samples]
         how.append("measured by the harness from rank 0's final weights; the program reported "
                    + ", ".join("-" if c is None else f"{c:.4g}" for c in claimed))
-    return Verdict(lab, world_size, band.metric, fmt(mean), expected, passed, "; ".join(how))
+    return Verdict(lab, world_size, band.metric, fmt(mean), expected, passed, "; ".join(how), margin=margin)
+
+
+def above(value: float, floor: float | None) -> float | None:
+    """The margin of value >= floor, as a fraction of the floor (None without a positive floor)."""
+    return value / floor - 1 if floor else None
+
+
+def below(value: float, ceiling: float | None) -> float | None:
+    """The margin of value <= ceiling, as a fraction of the ceiling (None without a positive ceiling)."""
+    return 1 - value / ceiling if ceiling else None
+
+
+def within(distance: float, tolerance: float) -> float | None:
+    """The margin of distance <= tolerance, as a fraction of the tolerance."""
+    return 1 - distance / tolerance if tolerance else None
 
 
 def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
@@ -133,15 +172,26 @@ def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
     verdicts += observed_verdicts(lab, world_size, samples)
     slowest = max(s.wall_seconds for s in samples)
     verdicts.append(Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s",
-                            slowest <= exp.time_budget_s, "slowest run's wall time"))
+                            slowest <= exp.time_budget_s, "slowest run's wall time",
+                            margin=below(slowest, exp.time_budget_s)))
     ok_samples = [s for s in samples if s.status == "ok"]
     for band in exp.bands:
         if not ok_samples:
             verdicts.append(Verdict(lab, world_size, band.metric, "-", band.describe(world_size), False,
                                     "no successful run to measure"))
         else:
-            verdicts.append(band_verdict(lab, world_size, band, ok_samples, reference))
+            verdicts.append(as_lesson(exp, band_verdict(lab, world_size, band, ok_samples, reference)))
     return verdicts
+
+
+def as_lesson(exp: LabExpectation, verdict: Verdict) -> Verdict:
+    """A lesson row (ddp-local-bn) shows what a mistake costs: being worse than a band is its point,
+    so its bands and comparisons are reported, never graded. It still fails for what would fail any
+    row: a crash, a check, an observed mistake, a contradicted claim, its time budget."""
+    if not exp.lesson or verdict.passed is None:
+        return verdict
+    return dataclasses.replace(verdict, passed=None, margin=None,
+                               detail=f"lesson: {exp.lesson} {verdict.detail}".strip())
 
 
 def observed_verdicts(lab: str, world_size: int, samples: list[Sample]) -> list[Verdict]:
@@ -190,10 +240,10 @@ def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]],
             else:
                 compared = f"{exp.accuracy_metric} {here:.3f} at {ws} vs {base:.3f} at 1" + (
                     f" ({exp.single_device})" if exp.single_device else "")
-                verdicts.append(Verdict(exp.lab, ws, "accuracy_vs_ws1", f"{here - base:+.3f}",
-                                        f"within ±{exp.accuracy_delta:g}",
-                                        None if exp.lesson else abs(here - base) <= exp.accuracy_delta,
-                                        f"lesson: {exp.lesson} {compared}" if exp.lesson else compared))
+                verdicts.append(as_lesson(exp, Verdict(exp.lab, ws, "accuracy_vs_ws1", f"{here - base:+.3f}",
+                                                       f"within ±{exp.accuracy_delta:g}",
+                                                       abs(here - base) <= exp.accuracy_delta, compared,
+                                                       margin=within(abs(here - base), exp.accuracy_delta))))
         if ws in exp.efficiency_min:
             base, here = mean_of(1, exp.throughput_metric, base_runs), mean_of(ws, exp.throughput_metric)
             if not base or here is None:
@@ -207,8 +257,10 @@ def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]],
                     loop = scaling_efficiency(references[ws], ws, references[1])  # type: ignore[arg-type]
                     how = f"{how} = {efficiency:.3f}, over its reference's own {loop:.3f} in this grade"
                     efficiency /= loop
-                verdicts.append(Verdict(exp.lab, ws, "efficiency", f"{efficiency:.3f}",
-                                        f">= {exp.efficiency_min[ws]:g}", efficiency >= exp.efficiency_min[ws], how))
+                verdicts.append(as_lesson(exp, Verdict(exp.lab, ws, "efficiency", f"{efficiency:.3f}",
+                                                       f">= {exp.efficiency_min[ws]:g}",
+                                                       efficiency >= exp.efficiency_min[ws], how,
+                                                       margin=above(efficiency, exp.efficiency_min[ws]))))
     return verdicts
 
 

@@ -126,7 +126,8 @@ def run_main(monkeypatch, capsys):
 # ------------------------------------------------------------------------ the training labs' records
 
 SMOKE_TRAIN_IMAGES, SMOKE_BATCH, SMOKE_LR = 256, 32, 0.025  # the smoke profile (labs/common/training.py SMOKE)
-DISTRIBUTED_CHECKS = {"params_identical", "shards_disjoint", "shards_cover", "order_changes_per_epoch"}
+DISTRIBUTED_CHECKS = {"params_identical", "buffers_identical", "shards_disjoint", "shards_cover",
+                      "order_changes_per_epoch"}
 
 
 def assert_valid_record(record: dict, lab: str, world_size: int, train_images: int) -> None:

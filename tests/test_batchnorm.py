@@ -67,3 +67,33 @@ def test_global_batchnorm_on_two_ranks_equals_batchnorm_on_the_whole_batch(tmp_p
     assert done.returncode == 0, done.stderr[-2000:]
     worst = json.loads(done.stdout.strip().splitlines()[-1])
     assert max(worst.values()) < 1e-5, worst  # float32 sums in another order, nothing more
+
+
+def test_average_buffers_makes_the_running_statistics_their_mean_over_ranks_in_one_all_reduce():
+    import torch
+    from torch import nn
+
+    from labs.common.replicas import average_buffers, buffers_digest
+
+    def trained(seed: int) -> nn.Module:
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.BatchNorm1d(4))
+        model(torch.randn(8, 3) * (seed + 1))  # a training forward moves each rank's statistics its own way
+        return model
+
+    mine, theirs = trained(0), trained(1)
+    assert buffers_digest(mine) != buffers_digest(theirs)
+    expected = {name: (a + b) / 2 for (name, a), (_, b) in zip(mine.named_buffers(), theirs.named_buffers(),
+                                                               strict=True) if a.is_floating_point()}
+    calls = []
+
+    def sum_with_the_other_rank(flat: torch.Tensor) -> None:  # what all_reduce(SUM) does at world size 2
+        calls.append(flat.numel())
+        flat += torch.cat([b.reshape(-1) for b in theirs.buffers() if b.is_floating_point()])
+
+    average_buffers(mine, sum_with_the_other_rank, world_size=2)
+    assert calls == [4 * 4]  # one all-reduce: two layers' mean and variance, 4 channels each
+    for name, buffer in mine.named_buffers():
+        if name in expected:
+            assert torch.equal(buffer, expected[name]), name
+    assert mine[1].num_batches_tracked.item() == 1  # a step count, equal on every rank: untouched

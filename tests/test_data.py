@@ -245,14 +245,15 @@ def checked(reports, train_images=8, global_batch=4):
     return record
 
 
-def rank(digest, *orders):
-    return {"rank": 0, "device": "cpu", "params_sha256": digest, "img_per_sec": 1.0, "orders": list(orders)}
+def rank(digest, *orders, buffers="x"):
+    return {"rank": 0, "device": "cpu", "params_sha256": digest, "buffers_sha256": buffers, "img_per_sec": 1.0,
+            "orders": list(orders)}
 
 
 def test_replica_checks_pass_a_correct_run_and_fingerprint_it():
     record = checked([rank("a", [0, 1, 2, 3], [4, 5, 6, 7]), rank("a", [4, 5, 6, 7], [0, 1, 2, 3])])
     assert record.status == "ok" and set(record.checks) == {
-        "params_identical", "shards_disjoint", "shards_cover", "order_changes_per_epoch"}
+        "params_identical", "buffers_identical", "shards_disjoint", "shards_cover", "order_changes_per_epoch"}
     fingerprints = record.metrics["sample_order"]
     assert [f["epoch"] for f in fingerprints] == [0, 1]
     assert fingerprints[0]["ranks"][0] == fingerprints[1]["ranks"][1]  # same list, same fingerprint
@@ -262,6 +263,9 @@ def test_replica_checks_pass_a_correct_run_and_fingerprint_it():
 
 @pytest.mark.parametrize(("reports", "failed"), [
     ([rank("a", [0, 1, 2, 3], [4, 5, 6, 7]), rank("b", [4, 5, 6, 7], [0, 1, 2, 3])], ["params_identical"]),
+    # BatchNorm statistics left as each rank's batches made them
+    ([rank("a", [0, 1, 2, 3], [4, 5, 6, 7]), rank("a", [4, 5, 6, 7], [0, 1, 2, 3], buffers="y")],
+     ["buffers_identical"]),
     # a sample trained twice is also one sample too few
     ([rank("a", [0, 1, 2, 3], [4, 5, 6, 7]), rank("a", [3, 5, 6, 7], [0, 1, 2, 3])],
      ["shards_disjoint", "shards_cover"]),

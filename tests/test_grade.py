@@ -400,3 +400,65 @@ def test_a_students_program_is_timed_against_the_course_lab_in_the_same_cell(tmp
     assert plan.reference("baseline", 1)[0].name == "train_loop"
     shipped = profiles.load_profile(REPO / "harness/profiles/cpu-smoke.toml").labs["baseline"].bands
     assert plan.profile.labs["baseline"].bands == shipped
+
+
+def test_a_ratio_is_the_median_of_each_runs_ratio_to_the_reference_measured_around_it():
+    band = Band("img_per_sec", at_least_ratio={2: 0.7})
+    # The machine got busier run by run: the program's rate fell, and its neighbours' with it. Each
+    # pair says 0.8; the mean of the references (70) against the median run (64) would say 0.91, and
+    # a run against a reference measured under another load says anything.
+    runs = [sample(img_per_sec=v) for v in (80.0, 64.0, 40.0)]
+    for run, reference in zip(runs, (100.0, 80.0, 50.0), strict=True):
+        run.reference = reference
+    verdict = band_verdict("ddp", 2, band, runs, reference=70.0)
+    assert verdict.passed and verdict.measured == "0.800"
+    assert "median of 3 paired ratio(s) (0.800, 0.800, 0.800)" in verdict.detail
+    runs[1].reference = 160.0  # one pair measured across a burst of load: 0.4, outvoted
+    assert band_verdict("ddp", 2, band, runs, reference=70.0).measured == "0.800"
+    runs[0].reference = 200.0  # two of three: fails
+    assert not band_verdict("ddp", 2, band, runs, reference=70.0).passed
+
+
+def test_a_students_runs_are_bracketed_by_the_course_labs_and_paired_with_both_neighbours(tmp_path, monkeypatch):
+    import argparse
+
+    from harness import grade
+    from harness.references import PROGRAM_PAIRS
+    from harness.runner import RunResult
+
+    student = tmp_path / "my_ddp.py"
+    student.write_text("print('a program')\n")
+    args = argparse.Namespace(profile=str(REPO / "harness/profiles/cpu-smoke.toml"), labs="ddp",
+                              program=[f"ddp={student}"], world_sizes=[2], repeats=1, results=tmp_path, timeout=None)
+    plan = grade.plan(args)
+    assert plan.bracketed("ddp") and plan.runs("ddp") == PROGRAM_PAIRS == 3
+    assert not plan.bracketed("baseline") and plan.runs("baseline") == 1  # the course's own rows: --repeats
+    rates = iter([100.0, 50.0, 80.0, 40.0, 60.0, 30.0, 40.0])  # lab, program, lab, program, lab, program, lab
+    started = []
+
+    def run_lab(request, echo, on_line):
+        started.append("program" if request.program == student.resolve() else request.lab)
+        return RunResult(tmp_path, 0, "ok", None, {"metrics": {"img_per_sec": next(rates)}}, None, 1.0)
+
+    monkeypatch.setattr(grade, "run_lab", run_lab)
+    monkeypatch.setattr(grade, "observe", lambda result, exp, request, evaluator: grade.sample_of(result))
+    monkeypatch.setattr(grade, "timed", lambda result, metric: grade.sample_of(result))
+    done, references = {}, {}
+    grade.execute(plan, done, references)
+    lab = started[0]
+    assert started == [lab, "program"] * 3 + [lab]
+    grade.pair_references(plan, done, references)
+    assert [s.reference for s in done["ddp", 2]] == [90.0, 70.0, 50.0]  # the mean of the runs around each
+
+
+def test_a_lesson_row_reports_being_worse_and_fails_only_for_what_fails_any_row():
+    lesson = LabExpectation("ddp-local-bn", (1, 4), time_budget_s=100, program_lab="ddp", accuracy_delta=0.05,
+                            bands=(Band("final_accuracy", min=0.9),), lesson="BatchNorm over 8 images is noisy.")
+    worse = [sample(final_accuracy=0.7, wall=10.0)]
+    cell = {v.check: v for v in evaluate_cell(lesson, 4, worse)}
+    assert cell["final_accuracy"].passed is None and cell["final_accuracy"].detail.startswith("lesson: BatchNorm")
+    across = {v.check: v for v in evaluate_across(lesson, {1: [sample(final_accuracy=0.95)], 4: worse})}
+    assert across["accuracy_vs_ws1"].passed is None and across["accuracy_vs_ws1"].measured == "-0.250"
+    # A crash, or a blown time budget, fails it like any row.
+    crashed = {v.check: v for v in evaluate_cell(lesson, 4, [sample("failed", wall=150.0, final_accuracy=0.7)])}
+    assert crashed["run"].passed is False and crashed["time"].passed is False

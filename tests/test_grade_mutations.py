@@ -16,8 +16,9 @@ import pytest
 import tomli_w
 from conftest import run_distlab
 
+from harness.bench_verdict import TWICE_SLOWER
 from harness.profiles import tomllib
-from harness.references import PROGRAM_RATIO_FLOOR
+from harness.references import PROGRAM_PAIRS, PROGRAM_RATIO_FLOOR
 
 REPO = Path(__file__).resolve().parent.parent
 LAB = (REPO / "labs/ddp/train.py").read_text()
@@ -26,8 +27,8 @@ NO_SYNC = "with model.no_sync() if i < args.accumulate - 1 else nullcontext():"
 RANK0_SAVES = "if topology.is_rank0:  # the replicas are identical: one writer is enough"
 CHECKS = "img_per_sec = replicas.check_replicas(record, reports, len(train_set), global_batch, first_epoch)"
 REPORT = "training.report(record, history, clock, args, lr, global_batch, img_per_sec)"
-STEP_END = "        clock.step(len(labels))\n"
 DATA = "train_set, test_set = training.load_datasets(args)"
+AVERAGE_BUFFERS = "replicas.average_buffers(model.module, dist.all_reduce, topology.world_size)"
 
 # row -> (the change, as (old, new) pairs; {each verdict that must fail: words its detail must hold}).
 # Each observed check that fails is named here: a mistake fails its own check and no other.
@@ -37,6 +38,11 @@ MUTANTS = {
                    {"observed:shards_disjoint": "ranks 0 and 1 both fetched 256 of the same samples"}),
     "no-set-epoch": ([("sampler.set_epoch(epoch)", "pass")],
                      {"observed:order_changes_per_epoch": "in the same order in epochs 0 and 1"}),
+    # Each rank's BatchNorm statistics left as its batches made them: the ranks evaluate different
+    # models. The BatchNorm lesson, named, and the accuracy it reports is not called a lie.
+    "no-buffer-average": ([(AVERAGE_BUFFERS, "pass")],
+                          {"observed:replicas_identical":
+                               "parameters identical; BatchNorm running statistics differ on 1 of 2 ranks"}),
     "every-rank-saves": ([(RANK0_SAVES, "if True:")],
                          {"observed:one_writer_per_checkpoint": "ranks 0 and 1 both saved"}),
     # No gradient all-reduce, and a record that says all is well, with an accuracy it did not reach
@@ -51,23 +57,13 @@ MUTANTS = {
                           "claim:final_accuracy": "record claims final_accuracy 0.99, harness measured",
                           "claim:img_per_sec": "harness timed"}),
 }
-# Busy, before each optimizer step, for as long as the step took until then, loading its batch
-# included: half the throughput, whatever else the machine runs. Before the optimizer step, where
-# the harness's clock sees it: a wait after the last step of a pass falls outside the pass's timed
-# steps (the measured rate rose from 0.5 to 0.65 of the lab's). Not a time.sleep: under load the
-# kernel's scheduler hands a process that wakes from sleep its core first, so a sleeping program
-# loses less than half (here, with the other test worker busy, 0.67 of the lab's rate; 0.51 idle).
-# Graded on its own against the course's lab, as a student's program always is, on one run right
-# after a run of the lab, with no other test beside it (in CI, runs of another worker that slowed
-# the lab and not the program once lifted it to 0.92). Measured so, one run each (Intel Xeon, 2
+# The twice-slower mutant (harness/bench_verdict.py says why it is made so). Graded on its own
+# against the course's lab, as a student's program always is: three runs, each between two runs of
+# the lab, with no other test beside it (in CI, runs of another worker that slowed the lab and not
+# the program once lifted a single pair to 0.92). Measured with one pair each (Intel Xeon, 2
 # cores): 0.53 and 0.57 of the lab's rate idle, 0.47 and 0.53 beside two busy processes; floor 0.7.
-LOOP = "    for images, labels, indices in loader:\n"
-OPTIMIZER_STEP = "        precision.scaler.step(optimizer)\n"
-SLOWER = ([(LOOP, "    step_ended = time.perf_counter()\n" + LOOP),
-           (OPTIMIZER_STEP, "        busy_until = 2 * time.perf_counter() - step_ended\n"
-                            "        while time.perf_counter() < busy_until:\n"
-                            "            pass\n" + OPTIMIZER_STEP),
-           (STEP_END, STEP_END + "        step_ended = time.perf_counter()\n")])
+# `distlab bench verdict` counts both verdicts, the lab's copy and this mutant, over many grades.
+SLOWER = TWICE_SLOWER
 
 
 def mutant(tmp_path: Path, name: str, changes: list[tuple[str, str]]) -> Path:
@@ -151,6 +147,12 @@ def test_each_mistake_fails_with_its_reason_and_correct_programs_pass(tmp_path):
         observed_failed = {check for check, v in rows[name].items() if check.startswith("observed:")
                            and v["passed"] is False}
         assert observed_failed == {check for check in failing if check.startswith("observed:")}, (name, rows[name])
+    # Its reported accuracy, counted shard by shard with each rank's own statistics, is not a lie:
+    # the claim is not comparable with rank 0's model, and says why.
+    claim = rows["no-buffer-average"].get("claim:final_accuracy")
+    assert claim is None or (claim["passed"] is None and "not comparable" in claim["detail"]), claim
+    assert "claim:params_identical" not in rows["no-buffer-average"]  # its parameters are identical
+    assert "BatchNorm lesson" in rows["no-buffer-average"]["observed:replicas_identical"]["detail"]
     # What the harness saw is graded; the lab's own check, in its record, said so too.
     assert "order_changes_per_epoch" in rows["no-set-epoch"]["run"]["detail"], rows["no-set-epoch"]["run"]
     assert "FAIL" in result["stdout"]
@@ -164,7 +166,8 @@ def test_a_program_twice_slower_fails_on_throughput_against_its_own_reference(tm
     verdict = result["rows"]["twice-slower"]["img_per_sec_ratio"]
     assert verdict["passed"] is False, verdict
     assert verdict["expected"] == f">= {PROGRAM_RATIO_FLOOR:g} x reference", verdict  # the course lab's rate
-    assert "median of 1 run(s)" in verdict["detail"] and "reference" in verdict["detail"], verdict
+    # Three runs, each between two of the course lab's: the median of three paired ratios.
+    assert f"median of {PROGRAM_PAIRS} paired ratio(s)" in verdict["detail"], verdict
     assert result["returncode"] == 1, result["stdout"]
 
 

@@ -151,6 +151,66 @@ def test_without_timed_training_there_is_no_throughput(tmp_path):
     assert observed.throughput(old) is None
 
 
+def replica_ranks(tmp_path: Path, buffers: dict[int, dict[str, str]], params: dict[int, str] | None = None
+                  ) -> list[observed.Check]:
+    """The checks of ranks whose final models have these buffer digests (name -> digest), each held by
+    a BatchNorm, and these parameter digests (default: all equal)."""
+    for rank, digests in buffers.items():
+        model = {"params_sha256": (params or {}).get(rank, "p" * 64),
+                 "buffers_sha256": "".join(digests[name] for name in sorted(digests)),
+                 "buffers": {name: {"sha256": d, "module": "BatchNorm"} for name, d in digests.items()}}
+        (tmp_path / f"rank.{rank}.json").write_text(json.dumps({
+            "schema": "distlab-observations", "rank": rank, "optimizer_steps": 1, "saves": [], "model": model,
+            "errors": [], "process_groups": [], "loader_passes": []}))
+    return observed.checks(observed.load(tmp_path), "gloo", len(buffers))
+
+
+def test_divergent_batchnorm_statistics_are_named_with_the_lesson_and_not_called_a_lie(tmp_path):
+    same = {"bn.running_mean": "a" * 16, "bn.running_var": "b" * 16, "bn.num_batches_tracked": "c" * 16}
+    apart = {**same, "bn.running_mean": "d" * 16, "bn.running_var": "e" * 16}
+    checks = replica_ranks(tmp_path, {0: same, 1: same, 2: apart, 3: apart})
+    replicas = by_name(checks)["replicas_identical"]
+    assert not replicas.passed and replicas.causes == ("buffers",)
+    assert replicas.detail.startswith("parameters identical; BatchNorm running statistics differ on 2 of 4 ranks "
+                                      "(ranks 2 and 3 from rank 0's, in 2 buffer(s), e.g. bn.running_mean)")
+    assert "BatchNorm lesson" in replicas.detail and "all-reduce" in replicas.detail  # the fix, in one line
+    record = {"checks": {"params_identical": {"passed": True}, "buffers_identical": {"passed": True}},
+              "metrics": {"final_accuracy": 0.875}}
+    claims = by_name(observed.compare_claims(record, checks, measured_accuracy=0.8516, accuracy_tolerance=0.004))
+    # Its parameters are identical: that claim stands. Its buffers are not: that one is contradicted.
+    assert set(claims) == {"claim:buffers_identical", "claim:final_accuracy"}
+    accuracy = claims["claim:final_accuracy"]
+    assert (accuracy.passed, accuracy.applicable) == (True, False) and "not comparable" in accuracy.detail
+    # Parameters apart too: every replica claim and the accuracy are contradicted.
+    (tmp_path / "params").mkdir()
+    checks = replica_ranks(tmp_path / "params", {0: same, 1: apart}, params={1: "q" * 64})
+    assert by_name(checks)["replicas_identical"].causes == ("parameters", "buffers")
+    claims = by_name(observed.compare_claims(record, checks, measured_accuracy=0.8516, accuracy_tolerance=0.004))
+    assert set(claims) == {"claim:params_identical", "claim:buffers_identical", "claim:final_accuracy"}
+    assert not claims["claim:final_accuracy"].passed
+
+
+def test_one_model_on_every_rank_passes_and_buffers_not_held_by_batchnorm_are_named_as_buffers(tmp_path):
+    same = {"bn.running_mean": "a" * 16}
+    assert by_name(replica_ranks(tmp_path, {0: same, 1: same}))["replicas_identical"].passed
+    (tmp_path / "other").mkdir()
+    replica_ranks(tmp_path / "other", {0: same, 1: {"bn.running_mean": "b" * 16}})
+    (tmp_path / "other" / "rank.0.json").write_text((tmp_path / "other" / "rank.0.json").read_text()
+                                                    .replace('"BatchNorm"', '"Embedding"'))
+    checks = observed.checks(observed.load(tmp_path / "other"), "gloo", 2)
+    detail = by_name(checks)["replicas_identical"].detail
+    assert detail.startswith("parameters identical; buffers differ on 1 of 2 ranks") and "lesson" not in detail
+
+
+def test_the_accuracy_claim_tolerance_is_one_test_image():
+    from harness.grade import accuracy_claim_tolerance
+
+    assert accuracy_claim_tolerance(256) == pytest.approx(1 / 256)
+    record, tolerance = {"metrics": {"final_accuracy": 219 / 256}}, accuracy_claim_tolerance(256)
+    assert observed.compare_claims(record, [], measured_accuracy=218 / 256, accuracy_tolerance=tolerance) == []
+    assert observed.compare_claims(record, [], measured_accuracy=217 / 256, accuracy_tolerance=tolerance)  # two
+
+
 def test_a_claimed_throughput_far_above_the_harness_timing_is_contradicted():
     record = {"metrics": {"img_per_sec": 100.0}}
     assert observed.compare_claims(record, [], measured_img_per_sec=80.0) == []  # its own clock, a little apart
@@ -177,8 +237,10 @@ def test_ddp_lab_passes_every_observed_check(ddp_lab):
     checks = observed.checks(observed.load(observe_dir), "gloo", 2, train_set_size=SMOKE_TRAIN_IMAGES)
     assert failing(checks) == {}
     assert observed.compare_claims(record, checks) == []
-    # The lab's ranks end with equal parameters but their own BatchNorm statistics: allowed, and said.
-    assert "buffers differ" in by_name(checks)["replicas_identical"].detail
+    # Parameters and BatchNorm statistics alike: the lab averages the statistics before it evaluates.
+    assert "parameters and buffers bitwise equal on all 2 ranks" in by_name(checks)["replicas_identical"].detail
+    rank0 = observed.load(observe_dir).ranks[0].model["buffers"]
+    assert rank0["bn1.running_mean"]["module"] == "BatchNorm" and len(rank0) == 3 * 20  # resnet18: 20 BatchNorms
 
 
 @pytest.mark.xdist_group("ddp_lab")

@@ -176,6 +176,9 @@ def main(argv=None):
             # Each rank's loss is over its own shard: report the average over ranks.
             dist.all_reduce(loss)
             loss /= topology.world_size
+            # One model to evaluate and save: the parameters are equal on every rank, BatchNorm's running
+            # statistics are not (each rank updated them from its own batches), so make them their average.
+            replicas.average_buffers(model.module, dist.all_reduce, topology.world_size)
             # The unwrapped model: DDP's forward broadcasts buffers from rank 0, a collective that
             # would hang when ranks have different numbers of test batches.
             accuracy = evaluate(model.module, test_batches, precision, args, device)
@@ -190,7 +193,7 @@ def main(argv=None):
                 dist.barrier()
             say(topology, training.epoch_line(epoch, args, history))
 
-        # Every rank sends its parameters' digest and sample order; rank 0 checks them for the record.
+        # Every rank sends its parameters' and buffers' digests and sample order; rank 0 checks them for the record.
         reports = [None] * topology.world_size
         mine = replicas.replica_report(topology.rank, model.module, orders, clock, device)
         dist.all_gather_object(reports, mine)

@@ -12,6 +12,7 @@ DistributedOptimizer averages each gradient across processes as soon as backward
 
 import argparse
 import time
+from functools import partial
 
 import horovod.torch as hvd
 import torch
@@ -178,6 +179,10 @@ def main(argv=None):
             orders.append(order)
             # Each rank's loss is over its own shard: report the average over ranks.
             loss = hvd.allreduce(loss, op=hvd.Average)
+            # One model to evaluate and save: the parameters are equal on every rank, BatchNorm's running
+            # statistics are not (each rank updated them from its own batches), so make them their average.
+            replicas.average_buffers(model, partial(hvd.allreduce_, op=hvd.Sum, name="batchnorm_statistics"),
+                                     hvd.size())
             accuracy = evaluate(model, test_batches, precision, args, device)
             history.add(loss.item(), accuracy, epoch_seconds, time.perf_counter() - started, args.target_accuracy)
             if args.checkpoint:
@@ -189,7 +194,7 @@ def main(argv=None):
                 hvd.barrier()
             say(topology, training.epoch_line(epoch, args, history))
 
-        # Every rank sends its parameters' digest and sample order; rank 0 checks them for the record.
+        # Every rank sends its parameters' and buffers' digests and sample order; rank 0 checks them for the record.
         reports = hvd.allgather_object(replicas.replica_report(hvd.rank(), model, orders, clock, device))
         img_per_sec = replicas.check_replicas(record, reports, len(train_set), global_batch, first_epoch)
         training.report(record, history, clock, args, lr, global_batch, img_per_sec)

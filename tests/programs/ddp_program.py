@@ -77,6 +77,12 @@ def main() -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+        # BatchNorm's running statistics moved each rank's own way: average them, so every rank
+        # evaluates and saves one model.
+        for buffer in model.module.buffers():
+            if buffer.is_floating_point():
+                dist.all_reduce(buffer)
+                buffer /= world_size
         model.eval()
         with torch.no_grad():
             correct = sum(int((model(x).argmax(1) == y).sum()) for x, y in test_loader)

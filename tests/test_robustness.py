@@ -1,0 +1,55 @@
+"""The robustness sweep's plan and figure, and the speed-verdict benchmark's mutant (no grade runs here:
+`nox -s robustness` and `make bench-verdict` run them)."""
+
+from itertools import combinations
+from pathlib import Path
+
+import pytest
+
+from harness import bench_verdict, robustness
+from harness.profiles import load_profile
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_sweep_meets_every_pair_of_levels_of_any_two_factors():
+    conditions = robustness.conditions()
+    assert len(conditions) == 9
+    factors = [[c.capability for c in conditions], [c.seed for c in conditions], [c.threads for c in conditions],
+               [c.load for c in conditions]]
+    assert {c.seed for c in conditions} == {0, 1, 2} and {c.threads for c in conditions} == {1, 2}
+    assert {"avx2", "default"} <= {c.capability for c in conditions} and {c.load for c in conditions} == {0, 2}
+    for a, b in combinations(range(4), 2):
+        pairs = set(zip(factors[a], factors[b], strict=True))
+        assert pairs == {(x, y) for x in set(factors[a]) for y in set(factors[b])}, (a, b)
+
+
+def test_a_derived_profile_carries_the_seed_and_threads_and_stays_valid(tmp_path):
+    condition = robustness.Condition("avx2", 2, 2, 0)
+    path = robustness.derived_profile(REPO / "harness/profiles/cpu-smoke.toml", condition, tmp_path)
+    profile = load_profile(path)
+    assert profile.threads_per_rank == 2 and not profile.auto_select
+    assert all(exp.args[-2:] == ("--seed", "2") for exp in profile.labs.values())
+
+
+def test_the_smallest_margin_of_each_check_is_kept_with_where_it_was_seen():
+    def verdict(check, margin, measured="x"):
+        return {"lab": "ddp", "world_size": 2, "check": check, "margin": margin, "measured": measured,
+                "expected": "y", "passed": margin is None or margin >= 0}
+
+    grades = [{"condition": "idle", "verdicts": [verdict("time", 0.5), verdict("img_per_sec_ratio", 0.3),
+                                                 verdict("run", None)]},
+              {"condition": "busy", "verdicts": [verdict("time", 0.2), verdict("img_per_sec_ratio", 0.4)]}]
+    margins = robustness.smallest_margins(grades)
+    assert [(m["check"], m["margin"], m["condition"]) for m in margins] == [
+        ("time", 0.2, "busy"), ("img_per_sec_ratio", 0.3, "idle")]  # smallest first; no margin, no row
+
+
+def test_the_twice_slower_mutant_is_the_lab_with_a_busy_wait_before_each_step():
+    lab = bench_verdict.LAB.read_text()
+    slow = bench_verdict.mutate(lab, bench_verdict.TWICE_SLOWER)
+    assert slow.count("while time.perf_counter() < busy_until:") == 1
+    assert slow.index("busy_until") < slow.index("precision.scaler.step(optimizer)")
+    compile(slow, "mutant", "exec")
+    with pytest.raises(ValueError, match="not found once"):
+        bench_verdict.mutate("no loop here", bench_verdict.TWICE_SLOWER)
