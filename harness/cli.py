@@ -124,6 +124,12 @@ def cmd_grade(args: argparse.Namespace, lab_args: list[str]) -> int:
     return grade.run(args)
 
 
+def cmd_grade_class(args: argparse.Namespace, lab_args: list[str]) -> int:
+    from harness.classgrade import classroom
+
+    return classroom.run(args)
+
+
 def cmd_calibrate(args: argparse.Namespace, lab_args: list[str]) -> int:
     from harness import calibrate
 
@@ -217,6 +223,12 @@ EXAMPLES = {
   distlab grade                                    # the profile that fits this host
   distlab grade --profile cpu-smoke --world-sizes 1,2 --labs check,ddp
   distlab grade --program ddp=student_ddp.py --json > grade.json""",
+    "grade-class": """examples:
+  distlab grade-class submissions/ --lab ddp --profile cpu-smoke      # one folder or .py file per student
+  distlab grade-class submissions/ --rubric week4.toml --jobs 2
+  distlab grade-class submissions/ --rerun alice                      # grade one student again
+  distlab grade-class submissions/ --regrade --rubric week4-v2.toml   # new rubric, no training
+  distlab grade-class submissions/ --autograder gradescope.zip        # a Gradescope autograder bundle""",
     "calibrate": """examples:
   distlab calibrate --profile my-host --repeats 3  # writes ./profiles/my-host.toml
   distlab grade --profile profiles/my-host.toml""",
@@ -281,6 +293,14 @@ def build_parser() -> Parser:
     grade.add_argument("--dry-run", action="store_true",
                        help="print the plan (profile, cells, each launcher command) and start nothing")
     grade.set_defaults(func=cmd_grade)
+
+    grade_class = command("grade-class", help="grade a class of submissions, each in a sandbox, into a gradebook",
+                          description="Each submission graded as `grade --program` grades one, in bubblewrap, "
+                                      "side by side; gradebook, class page, feedback (docs/grading-class.md).")
+    from harness.classgrade import classroom
+
+    classroom.add_arguments(grade_class)
+    grade_class.set_defaults(func=cmd_grade_class)
 
     calibrate = command("calibrate", help="measure this host and write a profile of expected results")
     add_grade_args(calibrate)

@@ -135,6 +135,9 @@ class RunRequest:
     # its optimizer steps, saves, process group and final weights, written to <run dir>/observe.
     observe: bool = True
     backend_reason: str = ""  # why this backend: asked for, or the hardware rule (catalog.backend_for)
+    # A command the launcher runs inside (`distlab grade-class`: harness/classgrade/sandbox.py), before
+    # the launcher's own line; RUN_DIR_PLACEHOLDER in it names the run directory. Empty: none.
+    sandbox: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -481,7 +484,8 @@ def launch_plan(request: RunRequest, run_dir: Path, run_id: str, store_served: b
         rdzv_store_served=store_served,
         **request.placement,
     )
-    command = LAUNCHERS[request.launcher].command(spec)
+    command = [*(arg.replace(RUN_DIR_PLACEHOLDER, str(run_dir)) for arg in request.sandbox),
+               *LAUNCHERS[request.launcher].command(spec)]
     shown_env = {"OMP_NUM_THREADS": str(request.threads), **backend_env(request.backend, run_dir),
                  **LAUNCHERS[request.launcher].env}
     shown = " ".join(f"{name}={shlex.quote(value)}" for name, value in shown_env.items()) + f" {shlex.join(command)}"

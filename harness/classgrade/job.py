@@ -1,0 +1,202 @@
+"""One submission graded, in a process of its own: `python -m harness.classgrade.job JOB.json`.
+
+Graded as `distlab grade --program LAB=PATH` grades one (grade.plan, grade.execute, the same
+verdicts), with each run's launcher inside the job's sandbox (sandbox.py). Whatever the grade
+observed is stored in the job's folder before anything is concluded from it:
+
+    <job>/job.json           what to grade: the submission, the lab, the profile, the limits, the slot
+    <job>/runs/              every run directory (the course lab's beside the program's)
+    <job>/observations.json  every run as the grader saw it (Samples), the sandbox's account; written last
+    <job>/stdout.log         the job's own output
+
+observations.json is the job's completion mark: a job without it is graded again on resume. The
+verdicts are recomputed from it (`verdicts_for`), so a regrade after the rubric or the profile
+changed trains nothing. A process of its own per job: the runner's signal handling (Ctrl-C,
+SIGTERM stop the run in flight and are raised) belongs to a main thread, and the progress display
+to one console.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import files, grade
+from harness.catalog import REPO
+from harness.classgrade import sandbox
+from harness.runner import OBSERVE_DIR, RunRequest
+from harness.verdicts import Sample, Verdict
+from harness.verdicts import evaluate as evaluate_verdicts
+
+OBSERVATIONS = "observations.json"
+OUTPUT_READ_BYTES = 256 << 10  # of each log, read for the sandbox's refusals
+
+
+@dataclasses.dataclass
+class SandboxedPlan(grade.GradePlan):
+    """The grade's plan, every run (the program's and the course lab's beside it) in the job's sandbox."""
+
+    sandbox: list[str] = dataclasses.field(default_factory=list)
+
+    def request(self, lab: str, world_size: int, course: bool = False) -> RunRequest:
+        request = super().request(lab, world_size, course)
+        return dataclasses.replace(request, sandbox=list(self.sandbox)) if self.sandbox else request
+
+
+def grade_args(job: dict[str, Any]) -> argparse.Namespace:
+    """The `distlab grade` command line this job stands for."""
+    return argparse.Namespace(profile=job["profile"], labs=job["lab"], world_sizes=job.get("world_sizes"),
+                              repeats=1, program=[f"{job['lab']}={job['program']}"],
+                              results=Path(job["folder"]) / "runs", timeout=job["limits"].get("wall_s"))
+
+
+def plan_for(job: dict[str, Any], sandbox_prefix: list[str] | None = None) -> SandboxedPlan:
+    base = grade.plan(grade_args(job))
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(grade.GradePlan)}
+    return SandboxedPlan(**fields, sandbox=sandbox_prefix or [])
+
+
+def verdicts_for(grade_plan: grade.GradePlan, done: dict[tuple[str, int], list[Sample]],
+                 references: dict[tuple[str, int], list[Sample]]) -> list[Verdict]:
+    """The verdicts `distlab grade` reaches from these runs, in the same steps as grade.run."""
+    pair = getattr(grade, "pair_references", None)  # each run's own reference (the paired ratios), where grade has it
+    if pair is not None:
+        pair(grade_plan, done, references)
+    return evaluate_verdicts(grade_plan.profile, grade_plan.labs, done, grade.reference_rates(grade_plan, references))
+
+
+def _samples_to_json(runs: dict[tuple[str, int], list[Sample]]) -> dict[str, list[dict[str, Any]]]:
+    return {f"{lab}@{ws}": [dataclasses.asdict(s) for s in samples] for (lab, ws), samples in runs.items()}
+
+
+def samples_from_json(data: dict[str, list[dict[str, Any]]]) -> dict[tuple[str, int], list[Sample]]:
+    names = {f.name for f in dataclasses.fields(Sample)}
+    runs = {}
+    for key, samples in data.items():
+        lab, _, ws = key.rpartition("@")
+        runs[lab, int(ws)] = [Sample(**{k: v for k, v in s.items() if k in names}) for s in samples]
+    return runs
+
+
+def _program_runs(done: dict[tuple[str, int], list[Sample]]) -> list[Path]:
+    return [Path(s.run_dir) for samples in done.values() for s in samples]
+
+
+def _read(path: Path) -> str:
+    try:
+        return files.read_regular_file(path, OUTPUT_READ_BYTES, tail=True).decode(errors="replace")
+    except (OSError, ValueError):
+        return ""
+
+
+# An error a program printed about a path: Python's own wording ("[Errno 2] No such file or directory: '/x'").
+PATH_ERROR = re.compile(r"(PermissionError|FileNotFoundError|OSError|IsADirectoryError)[^\n]*?: '(/[^'\n]+)'")
+
+
+def refusals(run_dirs: list[Path], hidden: list[str], own: list[str]) -> list[str]:
+    """The sandbox's refusals the program's runs printed (sandbox.DENIALS), by name; and the paths
+    it was refused that are the grader's or another submission's, each named once."""
+    texts = [_read(log) for run_dir in run_dirs for log in [run_dir / "launcher.log", *run_dir.glob("rank.*.log")]]
+    found = sandbox.denials(texts)
+
+    def under(path: str, roots: list[str]) -> bool:
+        return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+    for text in texts:
+        for _, path in PATH_ERROR.findall(text):
+            if under(path, own + [str(d) for d in run_dirs]):
+                continue
+            if under(path, hidden):
+                named = f"tried to reach {path}: another submission's or the grader's, not in its sandbox"
+            elif under(path, [str(REPO)]):
+                named = f"tried to change {path}: the grader's own files, read-only in its sandbox"
+            else:
+                continue
+            if named not in found:
+                found.append(named)
+    return found
+
+
+def forged_observations(run_dirs: list[Path], program_pids: set[int]) -> list[str]:
+    """Observation files that no process running the program wrote: each names the pid of the rank
+    that wrote it (as the sandbox numbered it), and the monitor saw which pids ran the program."""
+    found = []
+    for run_dir in run_dirs:
+        written = sorted((run_dir / OBSERVE_DIR).glob("rank.*.json"))
+        if not written and _run_ok(run_dir):
+            found.append(f"{run_dir.name}: the run ended well, yet no rank left observations (the observer was "
+                         "switched off, or the program exited past Python's exit handlers)")
+        for path in written:
+            try:
+                pid = json.loads(files.read_regular_file(path, 64 << 20)).get("pid")
+            except (OSError, ValueError, AttributeError):
+                found.append(f"{run_dir.name}/{OBSERVE_DIR}/{path.name} is not the observer's (unreadable)")
+                continue
+            if pid not in program_pids:
+                found.append(f"{run_dir.name}/{OBSERVE_DIR}/{path.name} names pid {pid}, which no process running "
+                             f"the program had (they were {', '.join(map(str, sorted(program_pids)))})")
+    return found
+
+
+def _run_ok(run_dir: Path) -> bool:
+    try:
+        return json.loads(files.read_regular_file(run_dir / "run.json", 1 << 20)).get("status") == "ok"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def run_job(job_path: Path) -> int:
+    job = json.loads(job_path.read_text())
+    folder = Path(job["folder"])
+    limits = sandbox.Limits(**job["limits"])
+    cgroup = monitor = None
+    prefix: list[str] = []
+    if job["sandboxed"]:
+        cgroup = sandbox.Cgroup.create(f"{job['class_id']}-{job['id']}", limits)
+        spec = sandbox.Spec(uid=sandbox.FIRST_UID + job["slot"], limits=dataclasses.asdict(limits),
+                            read_only=sandbox.base_read_only() + job.get("data", []), hidden=job["hidden"],
+                            own=[job["submission"]], cgroup_procs=cgroup.procs_files() if cgroup else [],
+                            gpus=job.get("gpus"))
+        prefix = sandbox.prefix(spec.write(folder / "sandbox.json"))
+    grade_plan = plan_for(job, prefix)
+    done: dict[tuple[str, int], list[Sample]] = {}
+    references: dict[tuple[str, int], list[Sample]] = {}
+    if job["sandboxed"]:
+        monitor = sandbox.Monitor(cgroup, folder / "runs", limits, job["program"])
+        monitor.start()
+    started = time.monotonic()
+    try:
+        grade.execute(grade_plan, done, references)
+    finally:
+        if monitor is not None:
+            monitor.stop()
+        if cgroup is not None:
+            peak = cgroup.peak_memory()
+            cgroup.remove()
+    program_runs = _program_runs(done)
+    if monitor is not None and any("timed out after" in (s.reason or "") for runs in done.values()
+                                   for s in runs):
+        monitor.breaches.append(limits.breach("wall"))  # the runner's watchdog ended it
+    account = {"sandboxed": job["sandboxed"], "cgroup": cgroup is not None,
+               "breaches": monitor.breaches if monitor else [],
+               "refusals": refusals(program_runs, job["hidden"], [job["submission"]]),
+               "forged": forged_observations(program_runs, monitor.program_pids)
+               if monitor is not None and cgroup is not None else [],
+               "peak_memory_bytes": peak if cgroup is not None else None,
+               "peak_output_bytes": monitor.peak_bytes if monitor else None}
+    files.write_json(folder / OBSERVATIONS, {
+        "id": job["id"], "wall_seconds": time.monotonic() - started, "sandbox": account,
+        "done": _samples_to_json(done), "references": _samples_to_json(references)})
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("COLUMNS", "120")
+    sys.exit(run_job(Path(sys.argv[1])))

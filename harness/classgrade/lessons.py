@@ -1,0 +1,119 @@
+"""What each failed check teaches: what it means, the fix in one line, and the lesson's section.
+
+One row per check the grader can fail (verdict names: `observed:NAME` for what the harness computed
+from its observations, `claim:NAME` for a record contradicted by them, the profile's bands by metric).
+`detail` of the verdict is what the harness saw ("ranks 0 and 1 both fetched 256 of the same
+samples"); this table adds the meaning and the remedy. A crash whose output matches a known error
+message (`CRASHES`) is taught the same way: DDP's own messages name the pitfall.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+TRAINING = "labs/TRAINING.md"
+CONTRACT = "labs/README.md"
+
+
+@dataclass(frozen=True)
+class Lesson:
+    meaning: str
+    fix: str
+    section: str  # a lesson page and its anchor
+
+    def link(self, root: str = "") -> str:
+        return f"{root}{self.section}"
+
+
+DDP_ADDS = f"{TRAINING}#what-ddp-adds-labsddptrainpy"
+LESSONS = {
+    "observed:shards_disjoint": Lesson(
+        "Ranks trained on the same samples: each rank must see its own 1/world_size of the data, or the "
+        "world size buys nothing.", "Give the DataLoader a DistributedSampler(dataset, num_replicas=world_size, "
+        "rank=rank).", DDP_ADDS),
+    "observed:shards_cover": Lesson(
+        "Some training samples were never seen in an epoch: the shards must add up to the whole set.",
+        "Let DistributedSampler split the whole dataset; do not cut the dataset per rank by hand.", DDP_ADDS),
+    "observed:order_changes_per_epoch": Lesson(
+        "Every epoch visited the samples in the same order: DistributedSampler shuffles with the epoch as "
+        "its seed, and without set_epoch the seed never changes.", "Call sampler.set_epoch(epoch) at the "
+        "start of every epoch.", DDP_ADDS),
+    "observed:replicas_identical": Lesson(
+        "The ranks ended with different weights: their gradients were not averaged, so each trained a model "
+        "of its own.", "Wrap the model in DistributedDataParallel and let every backward pass all-reduce "
+        "(no_sync only on micro-batches before the last).", DDP_ADDS),
+    "observed:buffers_identical": Lesson(
+        "The ranks ended with different BatchNorm running statistics: each saw only its own small batch.",
+        "Use SyncBatchNorm (--sync-bn) or average the buffers across ranks before evaluating and saving.",
+        f"{TRAINING}#the-batchnorm-lesson"),
+    "observed:one_writer_per_checkpoint": Lesson(
+        "Several ranks wrote the same checkpoint file at once: the replicas are identical, and concurrent "
+        "writes can leave a torn file.", "Save only on rank 0 (if rank == 0: torch.save(...)), then barrier.",
+        DDP_ADDS),
+    "observed:process_group": Lesson(
+        "The process group was not the one asked for (backend or world size), or none was made.",
+        "Call dist.init_process_group(backend) with the launcher's environment (RANK, WORLD_SIZE).", DDP_ADDS),
+    "observed:optimizer_steps_equal": Lesson(
+        "Ranks took different numbers of optimizer steps: an uneven last batch leaves one rank waiting "
+        "at an all-reduce the others never join.", "drop_last=True in the DistributedSampler and the "
+        "DataLoader, so every rank runs the same steps.", DDP_ADDS),
+    "observed:observer": Lesson(
+        "The harness could not see every rank train: a rank wrote no observations (it exited before "
+        "Python's exit handlers, or something stopped the observer).", "End normally (return from main; "
+        "no os._exit), and leave torch's functions as torch made them.",
+        f"{CONTRACT}#5-what-the-harness-observes-the-record-is-a-claim"),
+    "img_per_sec_ratio": Lesson(
+        "Training ran slower than the course's lab beside it, in the same cell and conditions.",
+        "Look for work in the step loop that DDP does not need (extra syncs, .item() per step, busy waits).",
+        f"{TRAINING}#what-the-grader-checks-itself"),
+    "final_accuracy": Lesson(
+        "The harness evaluated rank 0's final weights and they did not reach the expected accuracy.",
+        "Check the learning-rate scaling rule (lr x world_size) and that the labels reach the loss unchanged.",
+        f"{TRAINING}#what-ddp-adds-labsddptrainpy"),
+    "run": Lesson(
+        "The run did not end well: a rank failed, hung, or broke the contract.",
+        "Run it yourself (`distlab run ddp -n 2 --program yours.py -- --smoke`) and read the first failing "
+        "rank's log.",
+        f"{CONTRACT}#the-contract"),
+    "time": Lesson(
+        "The slowest run took longer than the profile's time budget.",
+        "Profile the step loop; a correct program runs in the lab's time.",
+        f"{TRAINING}#what-the-grader-checks-itself"),
+    "unused_parameters": Lesson(
+        "DDP waited for gradients of parameters that this step's forward never used: its reducer stops "
+        "at the next step, because it cannot finish the last one.", "Pass find_unused_parameters=True to "
+        "DDP (or static_graph=True when the unused set never changes), or use every parameter each step.",
+        f"{TRAINING}#unused-parameters"),
+    "sandbox": Lesson(
+        "The program tried something the grader's sandbox does not allow: each submission gets loopback "
+        "only, its own folder to write, and limits on memory, processes, files and output.",
+        "Train with what the lab gives you: no network, no files outside your run directory.",
+        "docs/threat-model.md#what-a-submission-gets"),
+}
+
+CLAIM = Lesson("The record claimed what the harness did not observe.", "Report what your program measured; "
+               "the harness checks the record against what it saw.",
+               f"{CONTRACT}#5-what-the-harness-observes-the-record-is-a-claim")
+
+# Crash messages that name a pitfall: (pattern in the program's output, lesson key, what it says).
+CRASHES = (
+    (re.compile(r"Expected to have finished reduction in the prior iteration|find_unused_parameters"),
+     "unused_parameters", "DDP stopped: 'Expected to have finished reduction in the prior iteration' "
+                          "(parameters unused in a step)"),
+)
+
+
+def lesson_for(check: str) -> Lesson | None:
+    if check in LESSONS:
+        return LESSONS[check]
+    if check.startswith("claim:"):
+        return CLAIM
+    if check.startswith("check:"):  # the record's own check: taught where the harness observes the same
+        return LESSONS.get(f"observed:{check[len('check:'):]}")
+    return None
+
+
+def crash_lessons(texts: list[str]) -> list[tuple[str, str]]:
+    """(lesson key, what was seen) for each known crash message in a run's output."""
+    return [(key, seen) for pattern, key, seen in CRASHES if any(pattern.search(text) for text in texts)]

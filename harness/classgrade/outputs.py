@@ -1,0 +1,268 @@
+"""What a class grade writes: the gradebook, the class page, each student's feedback, Gradescope's files.
+
+    gradebook.csv              one row per student: id, score, max, status, one column per rubric item, reason
+    class.html                 the scores' distribution, the checks failed most often first, slowest and fastest
+    feedback/<id>.html, .md    each failed check: what the harness saw, what it means, the fix, the lesson
+    gradescope/<id>/results.json   Gradescope's autograder results (score, tests[] with visibility)
+
+Feedback shows the items a student may see now (rubric visibility); the gradebook and the class
+page are the staff's and show everything. Every page of a grade run without the sandbox says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.classgrade import lessons
+from harness.classgrade.rubric import Rubric, Score
+from harness.files import write_bytes, write_json
+from harness.report import figures, md_cell, page
+from harness.verdicts import Verdict
+
+UNSANDBOXED = ("Graded WITHOUT the sandbox (--no-sandbox): submissions ran with the grader's rights; "
+               "limits, network and file isolation were not enforced.")
+
+
+@dataclass
+class Outcome:
+    """One student's grade, as every output shows it."""
+
+    id: str
+    status: str  # "graded" | "ungradable" | "pending" (not graded yet)
+    reason: str = ""
+    scores: list[Score] = field(default_factory=list)
+    verdicts: list[Verdict] = field(default_factory=list)
+    sandbox: dict[str, Any] = field(default_factory=dict)  # breaches, refusals, forged (job.py)
+    crashes: list[tuple[str, str]] = field(default_factory=list)  # (lesson key, what was seen)
+    seconds: float | None = None  # the program's runs, wall time (mean)
+    rate_ratio: float | None = None  # its harness-timed rate over the course lab's beside it, where measured
+    sandboxed: bool = True
+
+    @property
+    def score(self) -> float | None:
+        return sum(s.score for s in self.scores) if self.status == "graded" else None
+
+    def findings(self) -> list[str]:
+        """The sandbox's account, one sentence each: breaches first, then refusals, then forgery."""
+        account = self.sandbox or {}
+        return ([f"stopped: {text}" for text in account.get("breaches", [])]
+                + [f"the sandbox refused it: it {text}" for text in account.get("refusals", [])]
+                + [f"tampering: {text}" for text in account.get("forged", [])])
+
+
+def number(value: float | None) -> str:
+    return "" if value is None else f"{value:g}"
+
+
+def gradebook_csv(path: Path, rubric: Rubric, outcomes: list[Outcome]) -> None:
+    """One row per student, the columns an LMS imports: an ungradable submission has no score (never a silent 0)."""
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["id", "score", "max", "status", *(item.name for item in rubric.items), "reason"])
+    for outcome in outcomes:
+        items = [number(s.score) for s in outcome.scores] if outcome.status == "graded" else [""] * len(rubric.items)
+        reason = outcome.reason or "; ".join(outcome.findings())
+        writer.writerow([outcome.id, number(outcome.score), number(rubric.max_score), outcome.status, *items,
+                         reason.replace("\n", " ")])
+    write_bytes(path, text.getvalue().encode())
+
+
+# ------------------------------------------------------------------------------------- feedback
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    world_size: int | None
+    saw: str
+    lesson: lessons.Lesson | None
+
+
+def findings(outcome: Outcome, rubric: Rubric, shown_only: bool) -> list[Finding]:
+    """Each failed check of an item the reader may see, with its lesson; then crashes and the sandbox's account."""
+    found: list[Finding] = []
+    seen: set[tuple[str, int | None]] = set()
+    for score in outcome.scores:
+        if shown_only and not rubric.shown(score.item):
+            continue
+        for v in score.failed:
+            if (v.check, v.world_size) not in seen:
+                seen.add((v.check, v.world_size))
+                found.append(Finding(v.check, v.world_size, v.detail or f"measured {v.measured}, expected "
+                                     f"{v.expected}", lessons.lesson_for(v.check)))
+    for key, saw in outcome.crashes:
+        found.append(Finding(key, None, saw, lessons.LESSONS.get(key)))
+    for text in outcome.findings():
+        found.append(Finding("sandbox", None, text, lessons.LESSONS["sandbox"]))
+    return found
+
+
+def _visible_scores(outcome: Outcome, rubric: Rubric) -> list[Score]:
+    return [s for s in outcome.scores if rubric.shown(s.item)]
+
+
+def feedback_markdown(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str:
+    shown = _visible_scores(outcome, rubric)
+    lines = [f"# {outcome.id}: {rubric.name}", ""]
+    if not outcome.sandboxed:
+        lines += [f"**{UNSANDBOXED}**", ""]
+    if outcome.status != "graded":
+        lines += [f"**Ungradable**: {outcome.reason}", ""]
+    else:
+        earned, most = sum(s.score for s in shown), sum(s.item.points for s in shown)
+        hidden = len(outcome.scores) - len(shown)
+        lines += [f"Score: **{earned:g} / {most:g}**" + (f" ({hidden} item(s) not shown yet)" if hidden else ""), "",
+                  "| item | points | |", "|---|---|---|"]
+        lines += [f"| {md_cell(s.item.name)} | {s.score:g} / {s.item.points:g} | {'ok' if s.passed else 'to fix'} |"
+                  for s in shown]
+        lines.append("")
+    found = findings(outcome, rubric, shown_only=True)
+    if found:
+        lines += ["## What to fix", ""]
+        for f in found:
+            where = f" (world size {f.world_size})" if f.world_size else ""
+            lines += [f"### {f.check}{where}", "", f"- What the grader saw: {f.saw}"]
+            if f.lesson:
+                lines += [f"- What it means: {f.lesson.meaning}", f"- The fix: {f.lesson.fix}",
+                          f"- Lesson: [{f.lesson.section}]({lesson_root}{f.lesson.section})"]
+            lines.append("")
+    elif outcome.status == "graded":
+        lines += ["Every check you can see passed.", ""]
+    return "\n".join(lines) + "\n"
+
+
+def feedback_html(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str:
+    e = html.escape
+    shown = _visible_scores(outcome, rubric)
+    parts = [f"<h1>{e(outcome.id)}: {e(rubric.name)}</h1>"]
+    if not outcome.sandboxed:
+        parts.append(f"<p class='fail'><b>{e(UNSANDBOXED)}</b></p>")
+    if outcome.status != "graded":
+        parts.append(f"<p class='fail'><b>Ungradable</b>: {e(outcome.reason)}</p>")
+    else:
+        earned, most = sum(s.score for s in shown), sum(s.item.points for s in shown)
+        hidden = len(outcome.scores) - len(shown)
+        parts.append(f"<p>Score: <b>{earned:g} / {most:g}</b>{f' ({hidden} item(s) not shown yet)' if hidden else ''}"
+                     "</p><table><tr><th>item</th><th>points</th><th></th></tr>" + "".join(
+                         f"<tr class='{'pass' if s.passed else 'fail'}'><td>{e(s.item.name)}</td>"
+                         f"<td>{s.score:g} / {s.item.points:g}</td><td>{'ok' if s.passed else 'to fix'}</td></tr>"
+                         for s in shown) + "</table>")
+    found = findings(outcome, rubric, shown_only=True)
+    if found:
+        rows = []
+        for f in found:
+            lesson = f.lesson
+            link = (f"<a href='{e(lesson_root + lesson.section)}'>{e(lesson.section)}</a>" if lesson else "")
+            size = f"<br><small>world size {f.world_size}</small>" if f.world_size else ""
+            rows.append(f"<tr><td><b>{e(f.check)}</b>{size}</td><td>{e(f.saw)}</td>"
+                        f"<td>{e(lesson.meaning) if lesson else ''}</td>"
+                        f"<td>{e(lesson.fix) if lesson else ''}</td><td>{link}</td></tr>")
+        parts.append("<h2>What to fix</h2><table><tr><th>check</th><th>what the grader saw</th><th>what it means</th>"
+                     "<th>the fix</th><th>lesson</th></tr>" + "".join(rows) + "</table>")
+    elif outcome.status == "graded":
+        parts.append("<p>Every check you can see passed.</p>")
+    return page(e(f"{outcome.id}: {rubric.name}"), "\n".join(parts))
+
+
+# ------------------------------------------------------------------------------------ Gradescope
+
+GRADESCOPE_VISIBILITY = {"visible": "visible", "hidden": "hidden", "after_due_date": "after_due_date"}
+
+
+def gradescope_results(outcome: Outcome, rubric: Rubric) -> dict[str, Any]:
+    """Gradescope's results.json: score, tests[] (name, score, max_score, status, output, visibility)."""
+    if outcome.status != "graded":
+        return {"score": 0.0, "output": f"Ungradable: {outcome.reason}", "visibility": "visible",
+                "stdout_visibility": "hidden", "tests": []}
+    tests = []
+    for s in outcome.scores:
+        said = [f"{v.check}{f' (world size {v.world_size})' if v.world_size else ''}: {v.detail}" for v in s.failed]
+        lesson = [f"{lesson.fix} See {lesson.section}." for v in s.failed if (lesson := lessons.lesson_for(v.check))]
+        tests.append({"name": s.item.name, "score": s.score, "max_score": s.item.points,
+                      "status": "passed" if s.passed else "failed",
+                      "output": "\n".join(said + lesson) or ("passed" if s.passed else "not reached: the run "
+                                                             "ended before this was checked"),
+                      "visibility": GRADESCOPE_VISIBILITY[s.item.visibility]})
+    output = "\n".join(outcome.findings() + ([UNSANDBOXED] if not outcome.sandboxed else []))
+    return {"score": outcome.score, "output": output, "visibility": "visible", "stdout_visibility": "hidden",
+            "tests": tests}
+
+
+# ------------------------------------------------------------------------------------ class page
+
+def _histogram(outcomes: list[Outcome], rubric: Rubric, out: Path) -> Path | None:
+    scores = [o.score for o in outcomes if o.score is not None]
+    if not scores:
+        return None
+    from harness.plots import pyplot  # one matplotlib setup (Agg) for every PNG
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3))
+    top = max(rubric.max_score, 1)
+    ax.hist(scores, bins=min(20, max(5, int(top))), range=(0, top), color="#4a7ebb", edgecolor="white")
+    ax.set_xlabel(f"score (of {top:g})")
+    ax.set_ylabel("students")
+    ax.set_title(f"{len(scores)} graded, {sum(o.status == 'ungradable' for o in outcomes)} ungradable")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def failed_checks(outcomes: list[Outcome]) -> Counter[str]:
+    """How many students failed each check (once per student, at any world size): the pitfall first."""
+    counts: Counter[str] = Counter()
+    for o in outcomes:
+        counts.update({v.check for v in o.verdicts if v.passed is False})
+        counts.update({"sandbox: " + text.split(":", 1)[0] for text in o.findings()})
+    return counts
+
+
+def class_page(out_dir: Path, rubric: Rubric, outcomes: list[Outcome], summary: dict[str, Any]) -> Path:
+    e = html.escape
+    image = _histogram(outcomes, rubric, out_dir / "scores.png")
+    counts = failed_checks(outcomes)
+    pitfalls = "".join(
+        f"<tr><td>{e(check)}</td><td>{n}</td><td>{e(lesson.fix) if (lesson := lessons.lesson_for(check)) else ''}"
+        f"</td></tr>" for check, n in counts.most_common())
+    timed = sorted((o for o in outcomes if o.seconds is not None and o.status == "graded"),
+                   key=lambda o: (o.rate_ratio if o.rate_ratio is not None else -o.seconds))
+    def speed_row(o: Outcome) -> str:
+        ratio = f"{o.rate_ratio:.2f}" if o.rate_ratio is not None else "-"
+        return f"<tr><td>{e(o.id)}</td><td>{ratio}</td><td>{o.seconds:.1f}</td></tr>"
+    speed = "".join(speed_row(o) for o in (timed[:3] + [o for o in timed[-3:] if o not in timed[:3]]))
+    students = "".join(
+        f"<tr class='{'fail' if o.status != 'graded' else ''}'><td><a href='feedback/{e(o.id)}.html'>{e(o.id)}</a></td>"
+        f"<td>{number(o.score)}</td><td>{e(o.status)}</td><td>{e(o.reason or '; '.join(o.findings()))}</td></tr>"
+        for o in outcomes)
+    banner = f"<p class='fail'><b>{e(UNSANDBOXED)}</b></p>" if not summary.get("sandboxed", True) else ""
+    body = f"""<h1>{e(rubric.name)}: {len(outcomes)} submission(s)</h1>{banner}
+<p>Lab <b>{e(summary['lab'])}</b>, profile <b>{e(summary['profile'])}</b>, {summary['jobs']} job(s) side by side;
+{summary['graded']} graded, {summary['ungradable']} ungradable; mean score {summary['mean']} of {rubric.max_score:g};
+{summary['wall_seconds']:.0f} s.</p>
+<h2>Scores</h2>{figures([image]) if image else '<p>No submission was graded.</p>'}
+<h2>Checks failed, the most common first</h2>
+<table><tr><th>check</th><th>students</th><th>the fix</th></tr>{pitfalls or '<tr><td colspan=3>none</td></tr>'}</table>
+<h2>Slowest and fastest</h2>
+<p>Rate over the course lab's, run beside it in the same conditions (where the profile times it); wall time of
+the program's runs.</p>
+<table><tr><th>student</th><th>rate / course lab</th><th>seconds</th></tr>{speed}</table>
+<h2>Every submission</h2>
+<table><tr><th>student</th><th>score</th><th>status</th><th>why / what the sandbox saw</th></tr>{students}</table>
+"""
+    path = out_dir / "class.html"
+    write_bytes(path, page(e(f"class grade: {rubric.name}"), body).encode())
+    return path
+
+
+def write_student(out_dir: Path, outcome: Outcome, rubric: Rubric, lesson_root: str) -> None:
+    (out_dir / "feedback").mkdir(parents=True, exist_ok=True)
+    write_bytes(out_dir / "feedback" / f"{outcome.id}.md", feedback_markdown(outcome, rubric, lesson_root).encode())
+    write_bytes(out_dir / "feedback" / f"{outcome.id}.html", feedback_html(outcome, rubric, lesson_root).encode())
+    (out_dir / "gradescope" / outcome.id).mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / "gradescope" / outcome.id / "results.json", gradescope_results(outcome, rubric))

@@ -1,0 +1,164 @@
+"""The rubric: which verdicts earn how many points, partial credit, and who sees each item when.
+
+    name = "DDP, week 4"
+    due = 2026-12-10T23:59:00Z            # optional; items visible "after_due_date" are hidden before it
+    [limits]                              # the sandbox's (sandbox.Limits), all optional
+    memory_gib = 6, processes = 512, open_files = 4096, output_gib = 2, wall_s = 300
+    [[items]]
+    name = "each rank its own shard"      # a gradebook column
+    checks = ["observed:shards_*"]        # verdict names (fnmatch patterns), at every world size
+    points = 3
+    partial = true                        # points x passed / judged; false: all or nothing
+    visibility = "visible"                # visible | hidden | after_due_date
+    absent_passes = false                 # true: no such verdict means none failed (claim:* exist only when
+                                          # contradicted), full points if the runs themselves went well
+
+An item is scored from the verdicts the grade reached, never from the program's record alone. A
+verdict that does not apply (n/a) is not counted; an item none of whose checks was judged (the
+run crashed before) earns nothing and says so.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.classgrade.sandbox import GIB, Limits
+from harness.profiles import tomllib
+from harness.usage import UsageError
+from harness.verdicts import Verdict
+
+DEFAULT = Path(__file__).resolve().parent / "rubrics" / "ddp.toml"
+VISIBILITY = ("visible", "hidden", "after_due_date")
+MAX_RUBRIC_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class Item:
+    name: str
+    checks: tuple[str, ...]
+    points: float
+    partial: bool
+    visibility: str
+    absent_passes: bool = False
+
+    def verdicts(self, verdicts: list[Verdict]) -> list[Verdict]:
+        return [v for v in verdicts if any(fnmatch.fnmatchcase(v.check, pattern) for pattern in self.checks)]
+
+
+@dataclass(frozen=True)
+class Score:
+    item: Item
+    score: float
+    judged: list[Verdict]  # the verdicts it was scored on (n/a left out)
+
+    @property
+    def passed(self) -> bool:
+        return self.score >= self.item.points
+
+    @property
+    def failed(self) -> list[Verdict]:
+        return [v for v in self.judged if v.passed is False]
+
+
+@dataclass(frozen=True)
+class Rubric:
+    name: str
+    path: Path
+    items: tuple[Item, ...]
+    limits: Limits
+    due: dt.datetime | None = None
+
+    @property
+    def max_score(self) -> float:
+        return sum(item.points for item in self.items)
+
+    def score(self, verdicts: list[Verdict]) -> list[Score]:
+        scores = []
+        for item in self.items:
+            judged = [v for v in item.verdicts(verdicts) if v.passed is not None]
+            passed = sum(bool(v.passed) for v in judged)
+            if not judged:
+                runs = [v for v in verdicts if v.check == "run"]
+                earned = item.points if item.absent_passes and runs and all(v.passed for v in runs) else 0.0
+            elif item.partial:
+                earned = item.points * passed / len(judged)
+            else:
+                earned = item.points if passed == len(judged) else 0.0
+            scores.append(Score(item, round(earned, 4), judged))
+        return scores
+
+    def shown(self, item: Item, now: dt.datetime | None = None) -> bool:
+        """Whether a student sees the item now (hidden items never; after_due_date ones once it passed)."""
+        if item.visibility == "visible":
+            return True
+        if item.visibility == "hidden":
+            return False
+        now = now or dt.datetime.now(dt.timezone.utc)
+        return self.due is not None and now >= self.due
+
+
+def _fail(path: Path, message: str) -> UsageError:
+    return UsageError(f"rubric {path}: {message}")
+
+
+def load(path: Path | None = None) -> Rubric:
+    """The rubric at `path` (the shipped ddp rubric by default), checked: one line naming the key otherwise."""
+    path = Path(path or DEFAULT)
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_RUBRIC_BYTES:
+            raise _fail(path, f"not a file of at most {MAX_RUBRIC_BYTES} bytes; give a rubric .toml "
+                              f"(an example: {DEFAULT})")
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
+        raise _fail(path, f"unreadable ({error}); see {DEFAULT} for the format") from None
+    unknown = set(data) - {"name", "due", "limits", "items"}
+    if unknown:
+        raise _fail(path, f"unknown key(s) {', '.join(sorted(unknown))}; allowed: name, due, limits, items")
+    due = data.get("due")
+    if due is not None:
+        if not isinstance(due, dt.datetime):
+            raise _fail(path, "due must be a TOML date-time, like 2026-12-10T23:59:00Z")
+        due = due if due.tzinfo else due.replace(tzinfo=dt.timezone.utc)
+    items = []
+    for number, raw in enumerate(data.get("items") or [], 1):
+        where = f"items[{number}]"
+        if not isinstance(raw, dict):
+            raise _fail(path, f"{where} must be a table ([[items]])")
+        extra = set(raw) - {"name", "checks", "points", "partial", "visibility", "absent_passes"}
+        if extra:
+            raise _fail(path, f"{where} has unknown key(s) {', '.join(sorted(extra))}")
+        name, checks, points = raw.get("name"), raw.get("checks"), raw.get("points")
+        if not isinstance(name, str) or not name.strip() or "," in name or "\n" in name:
+            raise _fail(path, f"{where}.name must be a one-line text without commas (it names a gradebook column)")
+        if not isinstance(checks, list) or not checks or not all(isinstance(c, str) and c for c in checks):
+            raise _fail(path, f"{where}.checks must be a list of verdict names, like [\"observed:shards_disjoint\"]")
+        if isinstance(points, bool) or not isinstance(points, (int, float)) or not points >= 0 or points > 1e6:
+            raise _fail(path, f"{where}.points must be a number from 0 to 1e6")
+        visibility = raw.get("visibility", "visible")
+        if visibility not in VISIBILITY:
+            raise _fail(path, f"{where}.visibility must be one of {', '.join(VISIBILITY)}")
+        if visibility == "after_due_date" and due is None:
+            raise _fail(path, f"{where} is visible after_due_date, but the rubric has no due date")
+        partial, absent = raw.get("partial", False), raw.get("absent_passes", False)
+        if not isinstance(partial, bool) or not isinstance(absent, bool):
+            raise _fail(path, f"{where}.partial and .absent_passes must be true or false")
+        items.append(Item(name.strip(), tuple(checks), float(points), partial, visibility, absent))
+    if not items:
+        raise _fail(path, "has no [[items]]; each item names the checks it scores")
+    if len({item.name for item in items}) != len(items):
+        raise _fail(path, "two items have the same name (each is a gradebook column)")
+    limits = data.get("limits") or {}
+    units = {"memory_gib": ("memory_bytes", GIB), "output_gib": ("output_bytes", GIB), "processes": ("processes", 1),
+             "open_files": ("open_files", 1), "wall_s": ("wall_s", 1)}
+    if set(limits) - set(units):
+        raise _fail(path, f"[limits] knows only {', '.join(units)}")
+    values = {}
+    for key, value in limits.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
+            raise _fail(path, f"limits.{key} must be a positive number")
+        field, scale = units[key]
+        values[field] = float(value) if field == "wall_s" else int(value * scale)
+    return Rubric(str(data.get("name") or path.stem), path, tuple(items), Limits(**values), due)

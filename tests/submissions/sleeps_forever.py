@@ -1,0 +1,5 @@
+"""Hostile: never ends."""
+import time
+
+while True:
+    time.sleep(3600)

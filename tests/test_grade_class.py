@@ -1,0 +1,260 @@
+"""`distlab grade-class`: a class graded in the sandbox, hostile submissions beside a correct one.
+
+One class is graded once per module (cpu-smoke's ddp row at world size 2, without its throughput
+band: no course-lab run beside each submission, which the speed tests of test_grade_mutations.py
+cover): a correct program (tests/programs/ddp_program.py, the one test_grade_mutations.py shows
+passing every check alone) and the eight hostile submissions of tests/submissions/. Each hostile
+one must be contained, named in its own feedback, and leave the correct one's grade whole. The
+sleeper's id sorts first, so that its wait for the watchdog overlaps the others' runs.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import tomli_w
+from conftest import DISTLAB, run_distlab
+
+from harness.classgrade import classroom, rubric, sandbox
+from harness.profiles import tomllib
+from harness.usage import UsageError
+from harness.verdicts import Verdict
+
+REPO = Path(__file__).resolve().parent.parent
+HOSTILE = REPO / "tests/submissions"
+CORRECT = REPO / "tests/programs/ddp_program.py"
+WALL_S = 150  # the watchdog for every run: the correct program's graded run took 25 s here, alone 2 jobs at once
+NOISY = {"speed"}  # wall time judged under the suite's other workers: not asserted for the correct program
+
+
+def sandbox_missing() -> str | None:
+    problem = sandbox.available()
+    if problem:
+        return problem
+    if os.geteuid() != 0:
+        return "the sandbox needs root (a uid and a cgroup per job)"
+    if sandbox.Cgroup.create("probe", sandbox.Limits()) is None:
+        return "no writable memory and pids cgroup: the process and memory limits cannot be enforced"
+    return None
+
+
+needs_sandbox = pytest.mark.skipif(sandbox_missing() is not None, reason=str(sandbox_missing()))
+
+
+def class_profile(folder: Path) -> Path:
+    data = tomllib.loads((REPO / "harness/profiles/cpu-smoke.toml").read_text())
+    ddp = {key: value for key, value in data["labs"]["ddp"].items() if key not in ("single_device", "reference")}
+    ddp["metrics"] = {name: band for name, band in ddp.get("metrics", {}).items() if name != "img_per_sec"}
+    data.update(name="class-smoke", auto_select=False, labs={"ddp": {**ddp, "world_sizes": [2]}})
+    path = folder / "profile.toml"
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def class_rubric(folder: Path, wall_s: float = WALL_S, **changes: float) -> Path:
+    """The shipped ddp rubric with a test's limits: 64 MiB of output, `wall_s` per run; `changes`: points by item."""
+    data = tomllib.loads(rubric.DEFAULT.read_text())
+    data["limits"].update(output_gib=1 / 16, wall_s=wall_s)
+    for item in data["items"]:
+        item["points"] = changes.get(item["name"], item["points"])
+    path = folder / f"rubric-{len(list(folder.glob('rubric-*')))}.toml"
+    path.write_text(tomli_w.dumps(data))
+    return path
+
+
+def grade_class(submissions: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return run_distlab(["grade-class", str(submissions), "--lab", "ddp", *args], timeout=timeout)
+
+
+# id -> words its gradebook reason must hold (what the grader saw, by name)
+EXPECTED = {
+    "reads-other": "tried to reach",
+    "writes-grader": "tried to change",
+    "network": "tried to reach the network beyond loopback",
+    "fork-bomb": "started more than 512 processes",
+    "fills-disk": "wrote more than 64 MiB into its folder",
+    "0-sleeps-forever": f"timed out after {WALL_S} s",
+    "forges-observations": "names pid 4242, which no process running the program had",
+    "kills-observer": "no rank left observations",
+}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("class")
+    submissions = folder / "week4"
+    submissions.mkdir()
+    shutil.copy(CORRECT, submissions / "alice.py")
+    for path in HOSTILE.glob("*.py"):
+        name = path.stem.replace("_", "-")
+        shutil.copy(path, submissions / f"{'0-' if name == 'sleeps-forever' else ''}{name}.py")
+    (submissions / "carol").mkdir()  # a wrong layout: two programs, neither train.py
+    for name in ("a.py", "b.py"):
+        (submissions / "carol" / name).write_text("print('hello')\n")
+    harness_before = hashlib.sha256((REPO / "harness/verdicts.py").read_bytes()).hexdigest()
+    profile, the_rubric = class_profile(folder), class_rubric(folder)
+    done = grade_class(submissions, "--profile", str(profile), "--rubric", str(the_rubric), "--jobs", "2",
+                       "--results", str(folder / "results"))
+    class_dir = folder / "results/class/week4"
+    return {"done": done, "folder": folder, "submissions": submissions, "class_dir": class_dir,
+            "profile": profile, "rubric": the_rubric, "harness_before": harness_before,
+            "gradebook": {row["id"]: row for row in csv.DictReader((class_dir / "gradebook.csv").open())},
+            "summary": json.loads((class_dir / "summary.json").read_text())}
+
+
+@needs_sandbox
+@pytest.mark.integration
+def test_each_hostile_submission_is_contained_and_named_in_its_own_feedback(graded):
+    assert graded["done"].returncode == 0, graded["done"].stdout + graded["done"].stderr
+    book = graded["gradebook"]
+    for student, words in EXPECTED.items():
+        row = book[student]
+        assert row["status"] == "ungradable" and row["score"] == "", row  # never a silent 0
+        assert words in row["reason"], (student, row["reason"])
+        feedback = (graded["class_dir"] / "feedback" / f"{student}.md").read_text()
+        assert words in feedback, (student, feedback)
+        assert "docs/threat-model.md#what-a-submission-gets" in feedback
+    assert "wrong layout: 2 .py files and none is train.py" in book["carol"]["reason"]
+
+
+@needs_sandbox
+@pytest.mark.integration
+def test_the_correct_submission_keeps_its_whole_grade_beside_them(graded):
+    row = graded["gradebook"]["alice"]
+    the_rubric = rubric.load(graded["rubric"])
+    assert row["status"] == "graded", row
+    for item in the_rubric.items:
+        if item.name not in NOISY:
+            assert float(row[item.name]) == item.points, (item.name, row)
+    verdicts = graded["summary"]["students"]["alice"]
+    assert verdicts["sandbox"] == [], verdicts  # nothing of the sandbox's account: it asked for nothing it may not have
+
+
+@needs_sandbox
+@pytest.mark.integration
+def test_the_graders_files_and_the_machine_are_left_as_they_were(graded):
+    assert hashlib.sha256((REPO / "harness/verdicts.py").read_bytes()).hexdigest() == graded["harness_before"]
+    assert "every verdict passes" not in (graded["class_dir"] / "gradebook.csv").read_text()
+    # Every process of the sandboxes ended (the fork bomb's too); the cgroups are gone.
+    uids = range(sandbox.FIRST_UID, sandbox.FIRST_UID + 2)
+    left = [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
+    assert left == [], left
+    assert not list(Path("/sys/fs/cgroup/pids/distlab").glob("*-fork-bomb"))
+    # The disk filler was stopped near its limit: 64 MiB, and what two ranks write in one look of the monitor.
+    filled = sandbox.folder_bytes(graded["class_dir"] / "jobs/fills-disk")
+    assert filled < 1 << 30, filled
+
+
+@needs_sandbox
+@pytest.mark.integration
+def test_feedback_teaches_and_hidden_items_stay_hidden(graded):
+    class_dir = graded["class_dir"]
+    results = json.loads((class_dir / "gradescope/alice/results.json").read_text())
+    assert {t["name"]: t["visibility"] for t in results["tests"]}["speed"] == "hidden"
+    assert results["score"] == float(graded["gradebook"]["alice"]["score"])
+    assert all({"name", "score", "max_score", "status", "output", "visibility"} <= set(t) for t in results["tests"])
+    feedback = (class_dir / "feedback/alice.md").read_text()
+    assert "speed" not in feedback and "1 item(s) not shown yet" in feedback
+    page = (class_dir / "class.html").read_text()
+    assert "data:image/png;base64," in page and "sandbox: stopped" in page  # the distribution; the pitfalls
+
+
+@needs_sandbox
+@pytest.mark.integration
+def test_a_regrade_after_the_rubric_changed_recomputes_without_training(graded):
+    runs_before = sorted(graded["class_dir"].glob("jobs/*/runs/*/*"))
+    doubled = class_rubric(graded["folder"], **{"runs to the end": 4, "an honest record": 5})
+    done = grade_class(graded["submissions"], "--profile", str(graded["profile"]), "--rubric", str(doubled),
+                       "--results", str(graded["folder"] / "results"), "--regrade")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 to grade" in done.stdout
+    assert sorted(graded["class_dir"].glob("jobs/*/runs/*/*")) == runs_before  # nothing ran
+    row = next(r for r in csv.DictReader((graded["class_dir"] / "gradebook.csv").open()) if r["id"] == "alice")
+    assert (row["runs to the end"], row["an honest record"], row["max"]) == ("4", "5", "20")
+
+
+@needs_sandbox
+@pytest.mark.integration
+def test_a_class_stopped_by_sigterm_resumes_where_it_stopped(tmp_path):
+    submissions = tmp_path / "late"
+    submissions.mkdir()
+    shutil.copy(HOSTILE / "sleeps_forever.py", submissions / "a-sleeper.py")
+    shutil.copy(HOSTILE / "network.py", submissions / "b-network.py")
+    args = [DISTLAB, "grade-class", str(submissions), "--profile", str(class_profile(tmp_path)), "--rubric",
+            str(class_rubric(tmp_path, wall_s=20)), "--jobs", "1", "--results", str(tmp_path / "results")]
+    grader = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    class_dir = tmp_path / "results/class/late"
+    deadline = time.monotonic() + 120
+    while not list(class_dir.glob("jobs/a-sleeper/runs/*/*/launcher.log")):  # the sleeper's run has started
+        assert grader.poll() is None and time.monotonic() < deadline, grader.communicate()[0]
+        time.sleep(0.2)
+    grader.send_signal(signal.SIGTERM)
+    output = grader.communicate(timeout=120)[0]
+    assert grader.returncode in (130, 143), output
+    assert not (class_dir / "jobs/a-sleeper/observations.json").exists()
+    assert not (class_dir / "jobs/b-network").exists()
+    left = [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == sandbox.FIRST_UID]
+    assert left == [], left
+    again = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "2 to grade" in again.stdout
+    book = {row["id"]: row for row in csv.DictReader((class_dir / "gradebook.csv").open())}
+    assert "timed out after 20 s" in book["a-sleeper"]["reason"] and book["b-network"]["status"] == "ungradable"
+    once_more = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert "0 to grade" in once_more.stdout, once_more.stdout  # finished jobs are kept, not graded again
+
+
+# ------------------------------------------------------------------------------------ no runs
+
+def test_layouts_that_cannot_be_graded_say_why(tmp_path):
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "train.py").write_text("")
+    (tmp_path / "ok" / "helpers.py").write_text("")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("")
+    (tmp_path / "bad id!").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "ok")
+    (tmp_path / "solo.py").write_text("")
+    found = {s.id: s for s in classroom.find_submissions(tmp_path)}
+    assert found["ok"].program == tmp_path / "ok" / "train.py" and not found["ok"].problem
+    assert found["solo"].program == tmp_path / "solo.py" and not found["solo"].problem
+    assert found["empty"].problem == "no .py program in its folder"
+    assert found["notes.txt"].problem == "notes.txt is not a .py program"
+    assert "not a plain student id" in found["bad id!"].problem
+    assert "is a link" in found["link"].problem
+
+
+def test_a_rubric_scores_partial_credit_and_refuses_mistakes_by_name(tmp_path):
+    path = tmp_path / "r.toml"
+    path.write_text('[[items]]\nname = "shards"\nchecks = ["observed:shards_*"]\npoints = 3\npartial = true\n'
+                    '[[items]]\nname = "honest"\nchecks = ["claim:*"]\npoints = 1\nabsent_passes = true\n')
+    the_rubric = rubric.load(path)
+    verdicts = [Verdict("ddp", 2, "run", "1/1 ok", "all ok", True),
+                Verdict("ddp", 2, "observed:shards_disjoint", "FAILED", "passed", False, "ranks 0 and 1 both ..."),
+                Verdict("ddp", 2, "observed:shards_cover", "passed", "passed", True),
+                Verdict("ddp", 2, "observed:shards_extra", "n/a", "passed", None)]
+    scores = {s.item.name: s.score for s in the_rubric.score(verdicts)}
+    assert scores == {"shards": 1.5, "honest": 1.0}  # 3 x 1 of 2 judged; no claim contradicted
+    path.write_text('[[items]]\nname = "x"\nchecks = ["run"]\npoints = 1\nvisibility = "after_due_date"\n')
+    with pytest.raises(UsageError, match="after_due_date, but the rubric has no due date"):
+        rubric.load(path)
+    path.write_text('[[items]]\nname = "x"\nchecks = ["run"]\npoints = 1\nvisibility = "secret"\n')
+    with pytest.raises(UsageError, match=r"items\[1\].visibility must be one of visible, hidden, after_due_date"):
+        rubric.load(path)
+
+
+def test_without_bubblewrap_the_class_grade_refuses_in_one_line_naming_the_install(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    assert "apt-get install bubblewrap" in sandbox.available() and "--no-sandbox" in sandbox.available()
+    done = run_distlab(["grade-class", str(tmp_path / "missing"), "--lab", "ddp"])
+    assert done.returncode == 2 and "does not exist" in done.stderr, done.stderr
