@@ -78,7 +78,9 @@ def facts() -> dict[str, Any]:
         for backend in lab.backends:
             ok_backend = backend == "none" or backends.get(backend, False)
             found = [name for name in LAUNCHERS_FOR_BACKEND[backend] if launchers.get(name)]
-            if ok_backend and found and lab.path.exists():
+            # labs/deepspeed needs DeepSpeed (the `deepspeed` extra, which `make setup` installs).
+            needs_deepspeed = lab.name == "deepspeed" and not _version("deepspeed")
+            if ok_backend and found and lab.path.exists() and not needs_deepspeed:
                 limit = lab.max_world_size or (gpus if backend == "nccl" else cores)
                 usable.append({"backend": backend, "launchers": found, "world_sizes_without_oversubscribing":
                                f"1..{limit}"})
@@ -86,7 +88,8 @@ def facts() -> dict[str, Any]:
     return {
         "versions": {
             "python": platform.python_version(), "torch": torch.__version__, "torchvision": _version("torchvision"),
-            "horovod": _version("horovod"), "mpi4py": _version("mpi4py"), "mpi": mpi_library,
+            "horovod": _version("horovod"), "deepspeed": _version("deepspeed"), "mpi4py": _version("mpi4py"),
+            "mpi": mpi_library,
             "nccl": ".".join(map(str, torch.cuda.nccl.version())) if gpus else None,
         },
         "horovod_build": horovod,
@@ -107,6 +110,9 @@ def problems(found: dict[str, Any]) -> list[str]:
         issues.append("no working MPI (mpi4py): the mpi backend is unavailable; run `make setup`")
     if not found["backends"]["horovod"]:
         issues.append("Horovod is missing or built without PyTorch: the horovod lab cannot run; run `make setup`")
+    if not found["versions"]["deepspeed"]:
+        issues.append("DeepSpeed is missing: the deepspeed lab cannot run; run `make setup` "
+                      "(or pip install 'distlab[deepspeed]')")
     for name in ("torchrun", "mpirun", "horovodrun"):
         if not found["launchers"][name]:
             issues.append(f"launcher {name} not found; {LAUNCHERS[name].install_hint}")

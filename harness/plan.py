@@ -21,6 +21,11 @@ Per GPU, with N GPUs (data parallel degree N for DDP and ZeRO):
     tensor parallel  every layer split t = min(N, 8) ways (p + g + master + opt)/t, activations ~/t;
                      inside a node, data parallel over the N/t nodes
     pipeline         N stages of layers/N each           (p + g + master + opt)/N
+Which tool does which (the table's `tools` column): ZeRO-1 is DeepSpeed stage 1 or torch's
+ZeroRedundancyOptimizer, ZeRO-2 DeepSpeed stage 2 or FSDP2 without resharding after forward,
+ZeRO-3 DeepSpeed stage 3 or FSDP2 (labs/fsdp, labs/deepspeed measure them). DeepSpeed keeps its fp32
+master partition even for an fp32 model (4 bytes/parameter more, sharded from stage 1; measured
+in labs/deepspeed): `model_state_bytes(..., tool="deepspeed")`.
 Sharding and model parallelism divide the same bytes; they differ in what they communicate:
 DDP, ZeRO-1 and ZeRO-2 move 2x the gradients per step (an all-reduce, or a reduce-scatter plus an
 all-gather); ZeRO-3/FSDP 3x (parameters all-gathered again in backward); tensor parallel moves
@@ -52,6 +57,18 @@ GPUS_PER_NODE = 8  # tensor parallel needs NVLink-class bandwidth: keep it insid
 PRECISION_BYTES = {"bf16": (2, 2, 4), "fp16": (2, 2, 4), "fp32": (4, 4, 0)}
 OPTIMIZER_BYTES = {"adam": 8, "adamw": 8, "sgd-momentum": 4, "sgd": 0}
 STRATEGIES = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3/FSDP", "tensor parallel", "pipeline parallel")
+# The tools that implement each row (labs/fsdp and labs/deepspeed run them on one model).
+TOOLS = {
+    "DDP": "DDP, Horovod",
+    "ZeRO-1": "DeepSpeed 1, torch ZeRO",  # torch.distributed.optim.ZeroRedundancyOptimizer
+    "ZeRO-2": "DeepSpeed 2",  # also FSDP2 with reshard_after_forward=False
+    "ZeRO-3/FSDP": "DeepSpeed 3, FSDP2",
+    "tensor parallel": "DTensor, Megatron",
+    "pipeline parallel": "torch pipelining",
+}
+# DeepSpeed's ZeRO optimizer steps on an fp32 master partition it copies even from fp32
+# parameters (labs/deepspeed counts it: 4 bytes/parameter over N ranks, at every stage).
+DEEPSPEED_FP32_MASTER_BYTES = 4
 
 # Activations of one transformer layer per token and per unit of width, in bytes, 16-bit, without
 # recomputation, with FlashAttention (no seq x seq scores kept): 34 (Korthikanti et al., 2022,
@@ -113,6 +130,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="adam/adamw: 8 bytes of state per parameter; sgd-momentum: 4; sgd: 0 (default adam)")
     parser.add_argument("--precision", choices=sorted(PRECISION_BYTES), default="bf16",
                         help="bf16/fp16: mixed precision with an fp32 master copy; fp32: none (default bf16)")
+    parser.add_argument("--tool", choices=("torch", "deepspeed"), default="torch",
+                        help="deepspeed: its ZeRO keeps an fp32 master copy with --precision fp32 too (default torch)")
     parser.add_argument("--seq-len", type=positive_int, help="tokens per sequence: adds a rough activation estimate")
     parser.add_argument("--batch", type=positive_int, help="sequences per GPU per micro-batch (with --seq-len)")
     parser.add_argument("--layers", type=positive_int, help=f"transformer layers (default: from --params, h = "
@@ -128,6 +147,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class Row:
     strategy: str
     layout: str
+    tools: str
     param_bytes: float
     grad_bytes: float
     master_bytes: float
@@ -142,16 +162,21 @@ def tensor_parallel_degree(gpus: int) -> int:
     return min(gpus, GPUS_PER_NODE)
 
 
-def model_state_bytes(params: int, gpus: int, optimizer: str, precision: str) -> dict[str, dict[str, float]]:
-    """Bytes per GPU of parameters, gradients, master copy and optimizer state, for each strategy."""
+def model_state_bytes(params: int, gpus: int, optimizer: str, precision: str,
+                      tool: str = "torch") -> dict[str, dict[str, float]]:
+    """Bytes per GPU of parameters, gradients, master copy and optimizer state, for each strategy.
+
+    tool="deepspeed": the ZeRO rows as DeepSpeed holds them, with its fp32 master copy in fp32 too.
+    """
     param, grad, master = (b * params for b in PRECISION_BYTES[precision])
+    zero_master = DEEPSPEED_FP32_MASTER_BYTES * params if tool == "deepspeed" and not master else master
     opt = OPTIMIZER_BYTES[optimizer] * params
     n, t = gpus, tensor_parallel_degree(gpus)
     return {
         "DDP": {"param": param, "grad": grad, "master": master, "optimizer": opt},
-        "ZeRO-1": {"param": param, "grad": grad, "master": master / n, "optimizer": opt / n},
-        "ZeRO-2": {"param": param, "grad": grad / n, "master": master / n, "optimizer": opt / n},
-        "ZeRO-3/FSDP": {"param": param / n, "grad": grad / n, "master": master / n, "optimizer": opt / n},
+        "ZeRO-1": {"param": param, "grad": grad, "master": zero_master / n, "optimizer": opt / n},
+        "ZeRO-2": {"param": param, "grad": grad / n, "master": zero_master / n, "optimizer": opt / n},
+        "ZeRO-3/FSDP": {"param": param / n, "grad": grad / n, "master": zero_master / n, "optimizer": opt / n},
         "tensor parallel": {"param": param / t, "grad": grad / t, "master": master / t, "optimizer": opt / t},
         "pipeline parallel": {"param": param / n, "grad": grad / n, "master": master / n, "optimizer": opt / n},
     }
@@ -182,11 +207,11 @@ def activation_bytes(seq_len: int, batch: int, layers: int, hidden: int, precisi
 
 def plan(params: int, gpus: int, gpu_memory: float, optimizer: str = "adam", precision: str = "bf16",
          seq_len: int | None = None, batch: int | None = None, layers: int | None = None,
-         hidden: int | None = None) -> dict[str, Any]:
+         hidden: int | None = None, tool: str = "torch") -> dict[str, Any]:
     """Every strategy's memory per GPU, whether it fits, and the recommendation with its reason."""
     if (seq_len is None) != (batch is None):
         raise PlanError("--seq-len and --batch go together: give both for an activation estimate, or neither")
-    states = model_state_bytes(params, gpus, optimizer, precision)
+    states = model_state_bytes(params, gpus, optimizer, precision, tool)
     layers, hidden = model_shape(params, layers, hidden)
     activations = activation_bytes(seq_len, batch, layers, hidden, precision) if seq_len else None
     usable = HEADROOM * gpu_memory
@@ -214,25 +239,26 @@ def plan(params: int, gpus: int, gpu_memory: float, optimizer: str = "adam", pre
         if activations is not None:
             act = activations / tensor_parallel_degree(gpus) if name == "tensor parallel" else activations
         total = sum(s.values()) + (act or 0)
-        rows.append(Row(name, layout[name], s["param"], s["grad"], s["master"], s["optimizer"], act, total,
+        rows.append(Row(name, layout[name], TOOLS[name], s["param"], s["grad"], s["master"], s["optimizer"], act, total,
                         total <= usable, communication[name]))
     return {
         "inputs": {"params": params, "gpus": gpus, "gpu_memory_bytes": gpu_memory, "optimizer": optimizer,
-                   "precision": precision, "seq_len": seq_len, "batch": batch, "layers": layers, "hidden": hidden},
-        "bytes_per_param": {"param": PRECISION_BYTES[precision][0], "grad": PRECISION_BYTES[precision][1],
-                            "master": PRECISION_BYTES[precision][2], "optimizer": OPTIMIZER_BYTES[optimizer]},
+                   "precision": precision, "tool": tool, "seq_len": seq_len, "batch": batch, "layers": layers,
+                   "hidden": hidden},
+        "bytes_per_param": {k: round(v / params) for k, v in model_state_bytes(params, 1, optimizer, precision, tool)
+                            ["ZeRO-1"].items()},
         "usable_bytes_per_gpu": usable,
         "headroom": HEADROOM,
         "strategies": [asdict(r) for r in rows],
-        "recommendation": recommend(rows, params, gpus, gpu_memory, usable, optimizer, precision, activations),
+        "recommendation": recommend(rows, params, gpus, gpu_memory, usable, optimizer, precision, activations, tool),
     }
 
 
 def recommend(rows: list[Row], params: int, gpus: int, gpu_memory: float, usable: float, optimizer: str,
-              precision: str, activations: float | None) -> dict[str, str]:
+              precision: str, activations: float | None, tool: str = "torch") -> dict[str, str]:
     by_name = {r.strategy: r for r in rows}
     gb = 1e9
-    states = sum(PRECISION_BYTES[precision]) * params + OPTIMIZER_BYTES[optimizer] * params
+    states = sum(model_state_bytes(params, 1, optimizer, precision, tool)["ZeRO-1"].values())
     if gpus == 1 and by_name["DDP"].fits:
         return {"strategy": "single GPU", "reason": f"{by_name['DDP'].total_bytes / gb:.1f} GB fits in one GPU "
                                                     f"({usable / gb:.1f} GB usable): no parallelism needed"}
@@ -286,15 +312,15 @@ def print_plan(result: dict[str, Any], console: Console | None = None) -> None:
                   f"{per['optimizer']} (optimizer) = {sum(per.values())} bytes/parameter")
     table = Table(title=f"memory per GPU, GB (fits: at most {result['headroom']:.0%} of "
                         f"{inputs['gpu_memory_bytes'] / gb:g} GB = {result['usable_bytes_per_gpu'] / gb:.1f} GB)")
-    columns = ["strategy", "layout", "params", "grads", "master", "optimizer"]
+    columns = ["strategy", "layout", "tools", "params", "grads", "master", "optimizer"]
     has_activations = inputs["seq_len"] is not None
     if has_activations:
         columns.append("activations")
     columns += ["total", "fits"]
     for name in columns:
-        table.add_column(name, justify="left" if name in ("strategy", "layout") else "right", no_wrap=True)
+        table.add_column(name, justify="left" if name in ("strategy", "layout", "tools") else "right", no_wrap=True)
     for row in result["strategies"]:
-        cells = [row["strategy"], row["layout"]] + [
+        cells = [row["strategy"], row["layout"], row["tools"]] + [
             f"{row[k] / gb:.1f}" for k in ("param_bytes", "grad_bytes", "master_bytes", "optimizer_bytes")]
         if has_activations:
             cells.append(f"{row['activation_bytes'] / gb:.1f}")
@@ -313,7 +339,7 @@ def cmd_plan(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     """The command, given parsed arguments (how `distlab plan` calls it)."""
     try:
         result = plan(args.params, args.gpus, args.gpu_memory, args.optimizer, args.precision, args.seq_len,
-                      args.batch, args.layers, args.hidden)
+                      args.batch, args.layers, args.hidden, args.tool)
     except PlanError as error:
         raise UsageError(str(error)) from None
     if args.json:
