@@ -24,7 +24,7 @@ DRY_RUN ?= $(if $(findstring n,$(firstword -$(MAKEFLAGS))),1)
 export RUNTIME ENGINE GPUS NP BACKEND LAB_ARGS DRY_RUN
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint grade grade-smoke grade-gpu gpu-acceptance doctor data calibrate bench-train bench-allreduce \
+.PHONY: help setup test lint grade grade-smoke grade-gpu gpu-acceptance gpu-wheels doctor data calibrate bench-train bench-allreduce \
         image image-cpu image-test gpu clean
 
 help: ## list every target with one line
@@ -54,6 +54,9 @@ grade-gpu: ## grade the labs on this host's GPUs in the GPU image (GPUS, PROFILE
 
 gpu-acceptance: $(NOX) ## on a fresh GPU host: every lab on NCCL, benchmarks, calibrate and grade; one archive
 	$(NOX) -s gpu-acceptance
+
+gpu-wheels: $(NOX) ## wheels for an offline GPU host (Python 3.12): then docker/gpu-acceptance.sh there
+	$(NOX) -s gpu-wheels
 
 doctor: $(NOX) ## what this host offers and which labs it can run
 	$(NOX) -s doctor

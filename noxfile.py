@@ -64,6 +64,8 @@ def env(session: nox.Session) -> None:
     build = ["python", "docker/horovod/build_horovod.py"]
     if not shutil.which("nvidia-smi") or os.environ.get("HOROVOD_TORCH_CPU_ONLY") == "1":
         build.append("--cpu-only")
+    else:  # a GPU driver: Horovod with NCCL, or one line naming the fix when CUDA is missing (never CPU-only unasked)
+        build += ["--gpu-ops", "NCCL"]
     session.run(*build)
     stamp_file.write_text(_install_stamp())
 
@@ -170,6 +172,36 @@ def report_view(session: nox.Session) -> None:
 def gpu_acceptance(session: nox.Session) -> None:
     """On a fresh GPU host: every lab on NCCL at world sizes 1..N, benchmarks, calibrate, grade; one archive."""
     _run_in_env(session, "distlab", "acceptance", *session.posargs)
+
+
+GPU_WHEELS = ROOT / ".nox" / "gpu-wheels"
+GPU_PYTHON = "3.12"  # the borrowed GPU machine's: Python 3.12, torch 2.11 with CUDA 13, no internet
+
+
+@nox.session(name="gpu-wheels", venv_backend="none", requires=["env"], default=False)
+def gpu_wheels(session: nox.Session) -> None:
+    """Wheels for an offline GPU host (Python 3.12): distlab and its pure-Python needs, torchvision for torch 2.11."""
+    GPU_WHEELS.mkdir(parents=True, exist_ok=True)
+    target = ["--only-binary=:all:", "--python-version", GPU_PYTHON, "--implementation", "cp", "--abi",
+              f"cp{GPU_PYTHON.replace('.', '')}", "--platform", "manylinux_2_28_x86_64", "--platform",
+              "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "-d", str(GPU_WHEELS)]
+    _run_in_env(session, "pip", "wheel", "--no-deps", "-w", str(GPU_WHEELS), str(ROOT))
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    _run_in_env(session, "pip", "download", *target, *deps)
+    # torchvision only when that host lacks it; torch itself is the host's (docker/gpu-acceptance.sh).
+    _run_in_env(session, "pip", "download", *target, "--no-deps", "torchvision==0.26.*")
+    session.log(f"{GPU_WHEELS}: copy it beside the checkout on the GPU host, then docker/gpu-acceptance.sh")
+
+
+@nox.session(name="horovod-nccl", venv_backend="none", requires=["env"], default=False)
+def horovod_nccl(session: nox.Session) -> None:
+    """Build Horovod with NCCL against this host's nvcc and torch's NCCL; checked, cached, .nox/env left as is."""
+    _run_in_env(session, "python", "docker/horovod/build_horovod.py", "--gpu-ops", "NCCL", "--build-only",
+                "--wheel-dir", str(ROOT / ".nox" / "horovod-nccl-wheel"), *session.posargs)
 
 
 @nox.session(venv_backend="none", requires=["env"], default=False)

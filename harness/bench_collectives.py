@@ -1,16 +1,26 @@
 """Benchmark of the benchmark: allreduce_bench's busbw against the tightest plain loop in the same library.
 
 allreduce_bench goes through a table, binders, checks and a record; none of that may cost bandwidth.
-For each library both programs run through the real launchers, alternately, --repeats times, on the
-same sizes (1 MiB and up by default), and per size the best busbw of each is compared:
-ratio = allreduce_bench / reference, target >= 0.95 (the ratio of medians is shown too).
+For each library both programs run through the real launchers on the same sizes (1 MiB and up by
+default) in interleaved pairs, A B, B A, A B, ... (--pairs of them, after --warmup-pairs pairs that
+are run and thrown away), and per size each pair gives one ratio, allreduce_bench's busbw over the
+plain loop's. The verdict is on the median of those paired ratios: ratio >= 0.95, at every size.
+
+Why paired and why the median: on a shared machine the spread between two runs of one program is
+larger than the 5% being tested (labs/PERFORMANCE.md). Load that comes and goes over seconds
+slows both runs of a pair alike and cancels in their ratio; a burst that hits only one run of a
+pair makes that ratio an outlier, high or low, and the median ignores outliers as long as fewer
+than half the pairs are hit. The spread of the paired ratios (quartiles, min and max) is printed
+beside the median: it says how far the machine let the two sides be compared.
 
   mpi   mpirun   allreduce_bench --backend mpi, out-of-place  vs  mpi4py Allreduce loop (plain_allreduce.py)
   gloo  torchrun allreduce_bench --backend gloo, in-place     vs  dist.all_reduce loop (plain_allreduce.py)
   nccl  torchrun allreduce_bench --backend nccl, in-place     vs  nccl-tests all_reduce_perf, in-place
         (needs GPUs and all_reduce_perf on PATH; skipped with the reason otherwise)
 
-    distlab bench allreduce -- --world-size 2 --repeats 3 --out bench.json
+Both sides use buffers from torch's allocator (plain_allreduce.py says why that matters for MPI).
+
+    distlab bench allreduce -- --world-size 2 --pairs 10 --out bench.json
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from labs.common.sizes import parse_size
 
 PLAIN_LOOP = Path(__file__).with_name("plain_allreduce.py")
 TARGET = 0.95
+PAIRS, WARMUP_PAIRS = 10, 1
 console = Console()
 
 
@@ -79,9 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--libraries", default="mpi,gloo,nccl", help="comma-separated: " + ", ".join(LIBRARIES))
     parser.add_argument("-b", "--min-bytes", type=parse_size, default=1 << 20, help="default 1M")
     parser.add_argument("-e", "--max-bytes", type=parse_size, default=16 << 20, help="default 16M")
-    parser.add_argument("-w", "--warmup-iters", type=int, default=5)
-    parser.add_argument("-n", "--iters", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=3, help="alternating runs of each side; the best are compared")
+    parser.add_argument("-w", "--warmup-iters", type=int, default=5, help="untimed calls per size in each run")
+    parser.add_argument("-n", "--iters", type=int, default=50, help="timed calls per size in each run")
+    parser.add_argument("--pairs", type=int, default=PAIRS,
+                        help="interleaved pairs of runs (A B, B A, ...); the verdict is on the median paired ratio")
+    parser.add_argument("--warmup-pairs", type=int, default=WARMUP_PAIRS,
+                        help="pairs run first and not counted (page cache, CPU frequency, the first launch's costs)")
     parser.add_argument("--target", type=float, default=TARGET)
     parser.add_argument("--out", type=Path, help="write every measurement here as JSON")
     parser.add_argument("--keep", type=Path, help="keep the runs' records and logs in this folder")
@@ -92,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--libraries: unknown {name!r}; choose from {', '.join(LIBRARIES)}")
     if args.min_bytes < 4 or args.min_bytes > args.max_bytes or args.min_bytes % 4 or args.max_bytes % 4:
         parser.error("sizes must be multiples of 4 bytes (float32) with -b <= -e")
-    if args.world_size < 2 or args.iters < 1 or args.repeats < 1:
-        parser.error("--world-size must be at least 2, --iters and --repeats at least 1")
+    if args.world_size < 2 or args.iters < 1 or args.pairs < 1 or args.warmup_pairs < 0:
+        parser.error("--world-size must be at least 2, --iters and --pairs at least 1, --warmup-pairs at least 0")
     sizes = [args.min_bytes]
     while sizes[-1] * 2 <= args.max_bytes:
         sizes.append(sizes[-1] * 2)
@@ -108,38 +122,46 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"[yellow]{name}: skipped[/]: {escape(reason)}")
                 results.append({"library": name, "skipped": reason})
                 continue
-            bench, reference = [], []
-            for repeat in range(args.repeats):
-                # Alternate which side goes first, so a drifting machine favours neither.
-                order = [("bench", bench), ("reference", reference)]
-                for side, into in order if repeat % 2 == 0 else order[::-1]:
-                    folder = workdir / name / f"{side}-{repeat}"
+            pairs = []
+            for index in range(args.warmup_pairs + args.pairs):
+                # A B, then B A: which side goes first alternates, so a drifting machine favours neither.
+                order = ("bench", "reference") if index % 2 == 0 else ("reference", "bench")
+                pair = {}
+                for side in order:
+                    folder = workdir / name / f"pair{index}-{side}"
                     measured = (run_bench if side == "bench" else run_reference)(library, sizes, args, folder)
                     if isinstance(measured, str):
                         console.print(f"[red]{name}: {side} failed[/]: {escape(measured)}")
                         failed = True
                         break
-                    into.append(measured)
+                    pair[side] = measured
                 if failed:
                     break
+                if index >= args.warmup_pairs:
+                    pairs.append((pair["bench"], pair["reference"]))
             if failed:
                 break
-            results.append(compare(library, sizes, bench, reference, args.target))
+            results.append(compare(library, sizes, pairs, args.target))
+            save(results, sizes, args)  # each library as it finishes: a long run stopped later keeps it
     finally:
         if args.keep is None:
             shutil.rmtree(workdir, ignore_errors=True)
 
     print_results(results, args)
+    save(results, sizes, args)
+    if failed:
+        return 2
+    measured = [row for r in results for row in r.get("rows", [])]
+    return 0 if measured and all(row["passed"] for row in measured) else 1
+
+
+def save(results: list[dict], sizes: list[int], args: argparse.Namespace) -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({
             "target": args.target, "world_size": args.world_size, "sizes": sizes, "iters": args.iters,
-            "warmup_iters": args.warmup_iters, "repeats": args.repeats, "load_average": os.getloadavg(),
-            "cores": os.cpu_count(), "results": results}, indent=2) + "\n")
-    if failed:
-        return 2
-    measured = [row for r in results for row in r.get("rows", [])]
-    return 0 if measured and all(row["ratio"] >= args.target for row in measured) else 1
+            "warmup_iters": args.warmup_iters, "pairs": args.pairs, "warmup_pairs": args.warmup_pairs,
+            "load_average": os.getloadavg(), "cores": os.cpu_count(), "results": results}, indent=2) + "\n")
 
 
 def _launch(library: Library, lab: str, program: Path, lab_args: list[str], world_size: int,
@@ -196,45 +218,48 @@ def parse_nccl_tests(stdout: str) -> dict[int, float]:
     return busbw
 
 
-def compare(library: Library, sizes: list[int], bench: list[dict[int, float]], reference: list[dict[int, float]],
+def compare(library: Library, sizes: list[int], pairs: list[tuple[dict[int, float], dict[int, float]]],
             target: float) -> dict:
-    """Per size, the best and the median busbw of each side's runs, and their ratios.
-
-    The target is judged on the best runs: other work on the machine can only slow a run down, so the
-    fastest of several is the closest to what the program itself costs (the reason timeit reports a
-    minimum). The median ratio is kept to show how much the machine moved between runs.
-    """
+    """Per size, the paired ratios (allreduce_bench's busbw / the reference's, one per pair), their
+    median (the verdict: median >= target), quartiles, min and max, and each side's median busbw."""
     rows = []
     for size in sizes:
-        ours = [run[size] for run in bench if size in run]
-        theirs = [run[size] for run in reference if size in run]
-        if not ours or not theirs:
+        both = [(ours[size], theirs[size]) for ours, theirs in pairs if size in ours and size in theirs]
+        if not both:
             continue
-        ratio = max(ours) / max(theirs)
-        rows.append({"size": size, "bench_busbw_gbps": max(ours), "reference_busbw_gbps": max(theirs),
-                     "ratio": ratio, "passed": ratio >= target,
-                     "median_ratio": statistics.median(ours) / statistics.median(theirs),
-                     "bench_runs": ours, "reference_runs": theirs})
+        ratios = [ours / theirs for ours, theirs in both]
+        median = statistics.median(ratios)
+        low, high = statistics.quantiles(ratios, n=4, method="inclusive")[::2] if len(ratios) > 1 else (median,) * 2
+        rows.append({"size": size, "ratio": median, "passed": median >= target,
+                     "ratio_q1": low, "ratio_q3": high, "ratio_min": min(ratios), "ratio_max": max(ratios),
+                     "ratios": ratios, "pairs": len(ratios),
+                     "bench_busbw_gbps": statistics.median(o for o, _ in both),
+                     "reference_busbw_gbps": statistics.median(t for _, t in both),
+                     "bench_runs": [o for o, _ in both], "reference_runs": [t for _, t in both]})
     return {"library": library.name, "launcher": library.launcher, "mode": library.mode,
             "reference": library.reference, "rows": rows}
 
 
 def print_results(results: list[dict], args: argparse.Namespace) -> None:
-    table = Table(title=f"allreduce_bench busbw / reference busbw (GB/s), best of {args.repeats} alternating runs, "
-                        f"world size {args.world_size}, float32 sum, target >= {args.target}")
-    for column in ("library", "size (B)", "bench", "reference", "ratio", "median ratio", ""):
+    table = Table(title=f"allreduce_bench busbw / reference busbw, median of {args.pairs} interleaved pairs "
+                        f"(after {args.warmup_pairs} warm-up), world size {args.world_size}, float32 sum, "
+                        f"target median >= {args.target}")
+    for column in ("library", "size (B)", "bench GB/s", "reference GB/s", "median ratio", "quartiles", "min-max", ""):
         table.add_column(column, justify="left" if column in ("library", "") else "right")
     for result in results:
         for row in result.get("rows", []):
             table.add_row(result["library"], str(row["size"]), f"{row['bench_busbw_gbps']:.3f}",
-                          f"{row['reference_busbw_gbps']:.3f}", f"{row['ratio']:.3f}", f"{row['median_ratio']:.3f}",
+                          f"{row['reference_busbw_gbps']:.3f}", f"{row['ratio']:.3f}",
+                          f"{row['ratio_q1']:.2f}-{row['ratio_q3']:.2f}",
+                          f"{row['ratio_min']:.2f}-{row['ratio_max']:.2f}",
                           "[green]ok[/]" if row["passed"] else "[red]below target[/]")
     console.print(table)
     for result in results:
         if "rows" in result:
             console.print(f"{result['library']}: allreduce_bench {result['mode']} under {result['launcher']} "
                           f"vs {result['reference']}")
-    console.print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores: a busy machine blurs both sides")
+    console.print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores: the wider the quartiles, "
+                  "the less the machine let the two sides be compared")
 
 
 if __name__ == "__main__":

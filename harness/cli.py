@@ -360,6 +360,11 @@ def build_parser() -> Parser:
                          description="Doctor, every lab at world sizes 1..N on the visible GPUs, benchmarks, a "
                                      "profile calibrated for this GPU and a grade against it; one folder, one archive.")
     acceptance.add_argument("--results", type=Path, default=Path("results"), help="results root")
+    acceptance.add_argument("--dry-run", action="store_true",
+                            help="print every step with its expected seconds; start nothing")
+    acceptance.add_argument("--gpus", type=positive_int,
+                            help="--dry-run on a host without GPUs: plan for this many (default 1)")
+    acceptance.add_argument("--gpu-model", help='--dry-run on a host without GPUs: their model (default "NVIDIA H200")')
     acceptance.set_defaults(func=cmd_acceptance)
 
     completion = command("completion", help="print a shell completion script (lab names, options)")

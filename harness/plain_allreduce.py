@@ -8,8 +8,14 @@ harness starts it like any lab (runner.run_lab); rank 0 writes the rows into its
     mpirun -np 2 python harness/plain_allreduce.py --backend mpi --sizes 1048576,4194304 --record mpi.json
     torchrun --standalone --nproc-per-node 2 harness/plain_allreduce.py --backend gloo --record gloo.json
 
-mpi: Allreduce(sendbuf, recvbuf) out of place, float32 numpy buffers.
+mpi: Allreduce(sendbuf, recvbuf) out of place, on float32 buffers that torch allocated (as numpy views).
 torch: dist.all_reduce(tensor), which only exists in place, on gloo (CPU) or nccl (GPU).
+
+The buffers come from the allocator allreduce_bench's (and every training program's) tensors come
+from. numpy's own arrays would not do for MPI: from 4 MiB up numpy asks Linux for transparent huge
+pages (madvise), torch's CPU allocator does not (unless THP_MEM_ALLOC_ENABLE=1), and shared-memory
+MPI copies faster through 2 MiB pages than through 4 KiB ones; the loop would then be measuring the
+page size, not the cost of the benchmark's code (labs/PERFORMANCE.md, "Benchmark of the benchmark").
 """
 
 from __future__ import annotations
@@ -58,14 +64,14 @@ def sweep(args: argparse.Namespace) -> list[int]:
 
 
 def mpi_loop(args: argparse.Namespace, sizes: list[int]) -> tuple[int, list[tuple[int, float]]]:
-    import numpy as np
+    import torch
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
     rows = []
     for size in sizes:
-        send = np.ones(size // 4, dtype=np.float32)
-        recv = np.empty_like(send)
+        send = torch.ones(size // 4, dtype=torch.float32).numpy()  # not np.ones: see the module docstring
+        recv = torch.empty(size // 4, dtype=torch.float32).numpy()
         for _ in range(args.warmup):
             world.Allreduce(send, recv, op=MPI.SUM)
         world.Barrier()

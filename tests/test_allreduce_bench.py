@@ -138,25 +138,44 @@ def test_nccl_tests_output_is_read_in_place():
     assert bench_collectives.parse_nccl_tests(stdout) == {1048576: 48.37, 2097152: 73.25}
 
 
-def test_ratios_compare_the_best_runs_and_report_medians():
+def test_the_verdict_is_the_median_of_paired_ratios():
     library = bench_collectives.LIBRARIES["gloo"]
-    bench_runs = [{1024: 1.0, 2048: 2.0}, {1024: 3.0, 2048: 1.0}, {1024: 2.0, 2048: 1.5}]
-    reference_runs = [{1024: 2.0, 2048: 4.0}, {1024: 3.0, 2048: 3.0}, {1024: 1.0, 2048: 3.0}]
-    rows = bench_collectives.compare(library, [1024, 2048], bench_runs, reference_runs, target=0.95)["rows"]
-    assert [(r["ratio"], r["passed"], r["median_ratio"]) for r in rows] == [(1.0, True, 1.0), (0.5, False, 0.5)]
+    # Per pair (bench, reference): at 1 MiB the ratios are 0.5, 1.0, 2.0 (one slow and one fast outlier);
+    # at 2 MiB the machine slowed both sides alike in the second pair, and every ratio is 0.9.
+    mib = 1 << 20
+    pairs = [({mib: 1.0, 2 * mib: 0.9}, {mib: 2.0, 2 * mib: 1.0}),
+             ({mib: 3.0, 2 * mib: 0.18}, {mib: 3.0, 2 * mib: 0.2}),
+             ({mib: 2.0, 2 * mib: 0.9}, {mib: 1.0, 2 * mib: 1.0})]
+    one, two = bench_collectives.compare(library, [mib, 2 * mib], pairs, target=0.95)["rows"]
+    assert (one["ratio"], one["passed"], one["ratio_min"], one["ratio_max"]) == (1.0, True, 0.5, 2.0)
+    assert (one["ratio_q1"], one["ratio_q3"]) == pytest.approx((0.75, 1.5))  # halfway to each neighbour of 1.0
+    assert one["ratios"] == [0.5, 1.0, 2.0] and one["pairs"] == 3
+    assert (one["bench_busbw_gbps"], one["reference_busbw_gbps"]) == (2.0, 2.0)
+    # A 10% cost in every pair fails, even with one pair five times slower on both sides.
+    assert two["ratio"] == pytest.approx(0.9) and two["passed"] is False
+    assert two["ratio_min"] == pytest.approx(0.9) and two["ratio_max"] == pytest.approx(0.9)
+
+
+def test_a_size_missing_from_a_run_is_compared_on_the_other_pairs():
+    library = bench_collectives.LIBRARIES["mpi"]
+    pairs = [({8: 1.0}, {8: 1.0, 16: 2.0}), ({8: 1.0, 16: 3.0}, {8: 2.0, 16: 3.0})]
+    rows = bench_collectives.compare(library, [8, 16], pairs, 0.95)["rows"]
+    assert [(r["size"], r["ratios"]) for r in rows] == [(8, [1.0, 0.5]), (16, [1.0])]
+    assert rows[0]["ratio"] == 0.75 and rows[0]["passed"] is False and rows[1]["passed"] is True
 
 
 @pytest.mark.integration
 def test_benchmark_of_the_benchmark_reports_a_ratio_per_size(tmp_path):
     out = tmp_path / "bench.json"
     code = bench_collectives.main(["--libraries", "gloo,nccl", "-b", "64K", "-e", "128K", "-w", "1", "-n", "3",
-                                   "--repeats", "1", "--out", str(out)])
+                                   "--pairs", "1", "--warmup-pairs", "0", "--out", str(out)])
     summary = json.loads(out.read_text())
     assert summary["target"] == bench_collectives.TARGET == 0.95  # the target the module's docstring states
     gloo, nccl = summary["results"]
     assert gloo["library"] == "gloo" and [r["size"] for r in gloo["rows"]] == [65536, 131072]
     for row in gloo["rows"]:
         assert row["bench_busbw_gbps"] > 0 and row["reference_busbw_gbps"] > 0
+        assert row["ratios"] == [row["ratio"]] and row["pairs"] == 1  # one pair: its ratio is the median
         assert row["ratio"] == pytest.approx(row["bench_busbw_gbps"] / row["reference_busbw_gbps"])
         assert row["passed"] is (row["ratio"] >= 0.95)
     # nccl runs only with 2 GPUs and nccl-tests on PATH; otherwise it is skipped, saying why.
