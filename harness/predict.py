@@ -45,6 +45,8 @@ DDP's 2 (p-1)/p. With a unit's collective overlapping the neighbouring unit's co
     forward  = T_ag + (U-1) max(T_ag, f) + f                   f = forward / U, T_ag = all-gather(P/U)
     backward = T_ag + (U-1) max(T_ag + T_rs, g) + g + T_rs     g = backward / U, T_rs = reduce-scatter(P/U)
 
+and the host's overlap h weighs that against no overlap at all (compute + U (2 T_ag + T_rs)), as for DDP.
+
 Ranks that share a host's cores (a CPU host, ranks x threads > cores) take turns: compute and
 communication both slow by s = max(1, p threads / cores); two or more ranks side by side also
 share memory bandwidth and caches, which slows compute by r (measured: the no-sync step at 2 ranks
@@ -191,9 +193,9 @@ def fsdp_step(step: Step, p: int, link: Link, host: Host) -> dict[str, float]:
     scatter = ring_reduce_scatter(step.grad_bytes / units, p, link) * s
     forward = gather + (units - 1) * max(gather, f) + f
     backward = gather + (units - 1) * max(gather + scatter, g) + g + scatter
-    total = forward + backward
-    return {"step": total, "compute": compute, "comm_exposed": total - compute,
-            "comm_total": units * (2 * gather + scatter)}
+    serial = units * (2 * gather + scatter)
+    exposed = host.overlap * (forward + backward - compute) + (1 - host.overlap) * serial  # h as for DDP
+    return {"step": compute + exposed, "compute": compute, "comm_exposed": exposed, "comm_total": serial}
 
 
 def table_rows(step: Step, links: dict[int, Link] | Link, host: Host, ranks: list[int]) -> list[dict[str, Any]]:
@@ -377,7 +379,7 @@ def published_step(table: dict[str, Any], name: str) -> Step:
 
 def wide() -> Console:
     """The console, or one wide enough for the table where the terminal is narrow (logs, CI)."""
-    return console if console.width >= 130 else Console(highlight=False, width=130)
+    return console if console.width >= 130 else Console(highlight=False, width=130, file=console.file)
 
 
 def rows_table(title: str, rows: list[dict[str, Any]], unit: str) -> Table:
@@ -404,12 +406,12 @@ def plot(predictions: list[dict[str, Any]], path: Path) -> Path:
                 label=f"{prediction['name']}: DDP")
         ax.plot(ranks, [r["fsdp_efficiency"] for r in prediction["rows"]], marker="s", linestyle="--",
                 color=f"C{i}", label=f"{prediction['name']}: FSDP")
-    for prediction in predictions:
-        for m in prediction.get("measured", []):
-            ax.scatter([m["ranks"]], [m["efficiency"]], marker="x", color="black", zorder=3)
+    measured = [m for prediction in predictions for m in prediction.get("measured", [])]
+    for m in measured:
+        ax.scatter([m["ranks"]], [m["efficiency"]], marker="x", color="black", zorder=3)
     ax.set_xscale("log", base=2)
     ax.set(xlabel="ranks", ylabel="weak-scaling efficiency step(1) / step(p)", ylim=(0, 1.05),
-           title="Predicted weak-scaling efficiency (x: measured)")
+           title="Predicted weak-scaling efficiency" + (" (x: measured)" if measured else ""))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
     return save(fig, path)

@@ -89,6 +89,8 @@ def test_fsdp_gathers_twice_and_scatters_once_per_unit():
     fsdp = predict.fsdp_step(STEP, 2, SLOW, Host())
     assert fsdp["step"] == pytest.approx(0.06) and fsdp["comm_total"] == pytest.approx(2 * 3 * 0.0075)
     assert predict.fsdp_step(STEP, 1, SLOW, Host())["step"] == pytest.approx(0.03)
+    # without overlap every collective waits: 30 + 2 units x (7.5 + 7.5 + 7.5) = 75 ms
+    assert predict.fsdp_step(STEP, 2, SLOW, Host(overlap=0.0))["step"] == pytest.approx(0.075)
 
 
 def test_table_rows_give_throughput_and_efficiency_over_one_rank():
@@ -200,3 +202,10 @@ def test_the_check_predicts_the_largest_world_size_from_the_two_smaller(tmp_path
     assert result["predicted_step_s"] == pytest.approx(0.15) and result["measured_step_s"] == 0.12
     assert result["error"] == pytest.approx(0.15 / 0.12 - 1)
     assert result["predicted_img_per_sec"] == pytest.approx(12 / 0.15)
+
+
+def test_json_leaves_stdout_to_the_json(tmp_path, capsys):
+    assert cli.main(["predict", "--cluster", "--max-ranks", "8", "--json", "--output", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["predictions"][1]["rows"][-1]["ranks"] == 8
+    assert "PREDICTION (not measured)" in captured.err
