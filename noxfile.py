@@ -211,6 +211,30 @@ def bench(session: nox.Session, what: str) -> None:
     _run_in_env(session, "distlab", "bench", what, "--", *session.posargs)
 
 
+# What the Slurm session needs from Debian: the daemons and clients, munge for their credentials,
+# and libpmix-dev for `srun --mpi=pmix` (Slurm's plugin opens the unversioned libpmix.so, which only
+# the -dev package has: without it, "Cannot create context for mpi/pmix_v4").
+SLURM_PACKAGES = ("slurm-wlm", "munge", "libpmix-dev")
+
+
+@nox.session(venv_backend="none", requires=["env"], default=False)
+def slurm(session: nox.Session) -> None:
+    """A real two-node Slurm on this host: the Slurm templates and `distlab grade --slurm` submitted to it."""
+    installed = session.run("dpkg-query", "-W", "-f", "${Package} ${Status}\\n", *SLURM_PACKAGES, external=True,
+                            silent=True, success_codes=[0, 1]) if shutil.which("dpkg-query") else ""
+    missing = [p for p in SLURM_PACKAGES if f"{p} install ok installed" not in (installed or "")]
+    if missing and (os.geteuid() != 0 or not shutil.which("apt-get")):
+        session.error(f"needs Debian's {' '.join(missing)}: apt-get install {' '.join(missing)} (as root)")
+    if missing:
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        session.run("apt-get", "update", "-q", external=True, env=env)
+        session.run("apt-get", "install", "-y", "-q", *missing, external=True, env=env)
+    started = time.monotonic()
+    _run_in_env(session, "python", "tests/slurm_cluster.py", "--", str(ENV_BIN / "pytest"), "-p", "no:xdist",
+                "tests/test_slurm.py", *session.posargs)
+    session.log(f"slurm: cluster and tests in {time.monotonic() - started:.0f} s")
+
+
 CPU_IMAGE = "distlab:cpu"
 
 

@@ -121,6 +121,10 @@ def cmd_run(args: argparse.Namespace, lab_args: list[str]) -> int:
 def cmd_grade(args: argparse.Namespace, lab_args: list[str]) -> int:
     from harness import grade
 
+    if args.slurm:  # the cells as a Slurm job array (harness/slurm.py)
+        from harness import slurm
+
+        return slurm.grade(args)
     return grade.run(args)
 
 
@@ -147,14 +151,13 @@ def cmd_template(args: argparse.Namespace, lab_args: list[str]) -> int:
 
     if args.lab not in LABS:
         raise UsageError(f"unknown lab {args.lab!r}; choose one of: {', '.join(LABS)}")
-    backend = args.backend or ("horovod" if args.name in ("slurm-mpi", "k8s-mpijob") and "horovod" in
-                               LABS[args.lab].backends else LABS[args.lab].default_backend)
+    backend = args.backend or templates.default_backend(args.name, args.lab, args.gpus_per_node)
     if backend not in LABS[args.lab].backends:
         raise UsageError(f"lab {args.lab} does not use backend {backend!r}; choose one of: "
                          f"{', '.join(LABS[args.lab].backends)}")
     shape = templates.JobShape(args.lab, args.nodes, args.gpus_per_node, backend, image=args.image or "",
                                port=args.port, time_limit=args.time, cpus_per_task=args.cpus_per_task,
-                               ifname=args.ifname or "", lab_args=tuple(lab_args))
+                               ifname=args.ifname or "", lab_args=tuple(lab_args), ranks_per_node=args.ranks_per_node)
     try:
         text = templates.render(args.name, shape)
     except templates.TemplateError as error:
@@ -237,6 +240,7 @@ EXAMPLES = {
   distlab scale --lab ddp --world-sizes 1,2,4 --mode strong --global-batch 128""",
     "template": """examples:
   distlab template slurm-torchrun --nodes 2 --gpus-per-node 8 > job.sbatch
+  distlab template slurm-torchrun --nodes 2 --gpus-per-node 0 --cpus-per-task 16   # CPU nodes, gloo
   distlab template k8s-mpijob --lab horovod --nodes 2""",
     "doctor": "examples:\n  distlab doctor\n  distlab doctor --json",
     "data": "examples:\n  distlab data --data-dir data",
@@ -292,6 +296,10 @@ def build_parser() -> Parser:
     grade.add_argument("--json", action="store_true", help="print the grade's summary as JSON on stdout")
     grade.add_argument("--dry-run", action="store_true",
                        help="print the plan (profile, cells, each launcher command) and start nothing")
+    grade.add_argument("--slurm", action="store_true",
+                       help="run the cells as a Slurm job array, one task per cell (with --dry-run: print it)")
+    grade.add_argument("--sbatch-arg", action="append", metavar="ARG",
+                       help="--slurm: an sbatch option for the array, e.g. --sbatch-arg=--partition=cpu (repeatable)")
     grade.set_defaults(func=cmd_grade)
 
     grade_class = command("grade-class", help="grade a class of submissions, each in a sandbox, into a gradebook",
@@ -312,6 +320,7 @@ def build_parser() -> Parser:
     calibrate.set_defaults(func=cmd_calibrate)
 
     from harness.templates import TEMPLATES
+    from harness.usage import non_negative_int
 
     template = command("template", help="print a Slurm or Kubernetes job for a lab",
                                    description="; ".join(f"{k}: {v[1]}" for k, v in TEMPLATES.items())
@@ -319,8 +328,11 @@ def build_parser() -> Parser:
     template.add_argument("name", choices=sorted(TEMPLATES))
     template.add_argument("--lab", default="ddp", help="lab to run (default ddp)")
     template.add_argument("--nodes", type=positive_int, default=2, help="number of nodes (default 2)")
-    template.add_argument("--gpus-per-node", type=positive_int, default=8, help="GPUs per node (default 8)")
-    template.add_argument("--backend", help="default: nccl for torch labs, horovod for MPI templates")
+    template.add_argument("--gpus-per-node", type=non_negative_int, default=8,
+                          help="GPUs per node (default 8; 0: a CPU cluster, Gloo, no GPU requested)")
+    template.add_argument("--ranks-per-node", type=non_negative_int, default=0,
+                          help="ranks per node (default: one per GPU; 1 on CPU nodes)")
+    template.add_argument("--backend", help="default: horovod for MPI templates, else nccl on GPUs, gloo on CPUs")
     template.add_argument("--image", help="container image (Slurm: pyxis/enroot; default: none for Slurm)")
     template.add_argument("--port", type=positive_int, default=29400, help="rendezvous/master port")
     template.add_argument("--time", default="00:30:00", help="Slurm time limit")

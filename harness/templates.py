@@ -2,6 +2,9 @@
 
 The files under harness/templates/ are complete examples with {placeholders}; this fills
 them in for a lab, a node count and GPUs per node. distlab itself starts nothing remotely.
+`--gpus-per-node 0` is a CPU cluster: no GPU is requested, the torch labs use Gloo, and each
+rank gets its CPUs' worth of threads. tests/test_slurm.py submits both Slurm files to a real
+Slurm (`nox -s slurm`).
 
 Every value is checked (TemplateError names the option and the form expected) and quoted for
 where it lands: shell words with shlex.quote (twice inside `bash -c '...'`), YAML strings as JSON.
@@ -21,7 +24,7 @@ from harness.catalog import LABS
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 TEMPLATES = {
     "slurm-torchrun": ("slurm-torchrun.sbatch", "torchrun per node, c10d rendezvous on the first node"),
-    "slurm-mpi": ("slurm-mpi.sbatch", "srun starts one task per GPU (Horovod, mpi4py, or torch via env)"),
+    "slurm-mpi": ("slurm-mpi.sbatch", "srun starts one task per rank (Horovod, mpi4py, or torch via env)"),
     "k8s-pytorchjob": ("k8s-pytorchjob.yaml", "Kubeflow PyTorchJob: torchrun in every pod"),
     "k8s-mpijob": ("k8s-mpijob.yaml", "Kubeflow MPIJob: mpirun over worker pods (Horovod)"),
 }
@@ -40,7 +43,16 @@ class TemplateError(ValueError):
     """A value that cannot go into a job file; the message names the option and the form expected."""
 
 
-def _check(shape: JobShape) -> None:
+def default_backend(name: str, lab: str, gpus_per_node: int) -> str:
+    """The backend a job uses when none is asked for: Horovod for the MPI files where the lab has
+    it, else the lab's GPU backend on GPU nodes and its CPU backend (Gloo) on CPU nodes."""
+    spec = LABS[lab]
+    if name in ("slurm-mpi", "k8s-mpijob") and "horovod" in spec.backends:
+        return "horovod"
+    return spec.gpu_backend if gpus_per_node and spec.gpu_backend else spec.default_backend
+
+
+def _check(name: str, shape: JobShape) -> None:
     for key, (form, expected) in FORMS.items():
         value = getattr(shape, key)
         if value and not form.fullmatch(value):
@@ -49,6 +61,16 @@ def _check(shape: JobShape) -> None:
         raise TemplateError(f"unknown lab {shape.lab!r}; choose one of: {', '.join(LABS)}")
     if not re.fullmatch(r"[a-z0-9_]{1,32}", shape.backend):
         raise TemplateError(f"backend {shape.backend!r} is not a backend name")
+    if shape.gpus_per_node < 0 or shape.ranks_per_node < 0 or shape.nodes < 1:
+        raise TemplateError("--nodes must be at least 1, --gpus-per-node and --ranks-per-node at least 0")
+    if shape.backend == "nccl" and not shape.gpus_per_node:
+        raise TemplateError("--backend nccl needs GPUs and --gpus-per-node 0 asks for none; "
+                            "use --backend gloo on CPU nodes, or --gpus-per-node N")
+    if shape.gpus_per_node and shape.ranks_per_node > shape.gpus_per_node and shape.backend == "nccl":
+        raise TemplateError(f"--ranks-per-node {shape.ranks_per_node} is more than --gpus-per-node "
+                            f"{shape.gpus_per_node}: NCCL needs a GPU per rank")
+    if name.startswith("k8s") and not shape.gpus_per_node:
+        raise TemplateError(f"{name} asks for nvidia.com/gpu; give --gpus-per-node N (CPU pods: not supported)")
     from harness.launchers import harness_flag
 
     for arg in shape.lab_args:
@@ -70,7 +92,7 @@ def _in_single_quotes(words: str) -> str:
 class JobShape:
     lab: str
     nodes: int
-    gpus_per_node: int
+    gpus_per_node: int  # 0: a CPU cluster, no GPU requested
     backend: str
     image: str = ""
     port: int = 29400
@@ -79,26 +101,41 @@ class JobShape:
     max_restarts: int = 0
     ifname: str = ""
     lab_args: tuple[str, ...] = ()
+    ranks_per_node: int = 0  # 0: one per GPU, or one on a CPU node
+
+    @property
+    def ranks(self) -> int:
+        """Ranks on each node."""
+        return self.ranks_per_node or self.gpus_per_node or 1
 
     @property
     def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return self.nodes * self.ranks
+
+    def gpu_request(self) -> str:
+        """The #SBATCH line that asks for GPUs, or a comment saying why there is none."""
+        if self.gpus_per_node:
+            return f"#SBATCH --gpus-per-node={self.gpus_per_node}"
+        return "# No GPU requested (--gpus-per-node 0): the ranks run on the nodes' CPUs."
 
 
 def render(name: str, shape: JobShape) -> str:
     """The job file `name` for `shape`; TemplateError for a value that cannot go into it."""
     file, _ = TEMPLATES[name]
-    _check(shape)
+    _check(name, shape)
     exports = "\n".join(f"export {var}={shlex.quote(shape.ifname)}" for var in ("GLOO_SOCKET_IFNAME",
                                                                                 "NCCL_SOCKET_IFNAME")
-                        ) if shape.ifname else "# export NCCL_SOCKET_IFNAME=<the interface the nodes share>"
+                        ) if shape.ifname else "# export GLOO_SOCKET_IFNAME=<the interface the nodes share> (and NCCL_)"
     image = shape.image or ("" if name.startswith("slurm") else DEFAULT_IMAGE)
     values = {
         "lab": shape.lab, "lab_dns": shape.lab.replace("_", "-"), "lab_program": LABS[shape.lab].program[5:],
         "nodes": shape.nodes, "gpus_per_node": shape.gpus_per_node, "world_size": shape.world_size,
+        "ranks_per_node": shape.ranks, "gpu_request": shape.gpu_request(),
         "backend": shape.backend, "image": shlex.quote(image), "image_yaml": json.dumps(image),
         "port": shape.port, "time_limit": shape.time_limit, "cpus_per_task": shape.cpus_per_task,
-        "omp_threads": max(1, shape.cpus_per_task // max(1, shape.gpus_per_node)),
+        # Threads per rank: torchrun's one task per node holds every rank's CPUs; srun's one task
+        # per rank (slurm-mpi) has its own --cpus-per-task.
+        "omp_threads": max(1, shape.cpus_per_task // (1 if name == "slurm-mpi" else shape.ranks)),
         "max_restarts": shape.max_restarts, "ifname_exports": exports,
         "lab_args": shlex.join(shape.lab_args),
         "lab_args_in_single_quotes": _in_single_quotes(shlex.join(shape.lab_args)),

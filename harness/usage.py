@@ -28,6 +28,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is less than 0")
+    return value
+
+
 def positive_float(text: str) -> float:
     """A finite number above 0: `nan` or `inf` as a timeout would switch the watchdog off."""
     try:

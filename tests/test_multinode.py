@@ -48,7 +48,8 @@ def test_an_unreachable_endpoint_fails_within_the_stated_timeout(capsys, tmp_pat
     code = cli.main(["run", "check", "-n", "2", "--nnodes", "2", "--node-rank", "1",
                      "--rdzv-endpoint", "127.0.0.1:9", "--rdzv-timeout", "2"])
     assert code == 2
-    assert time.monotonic() - started < 10
+    # Within the 2 s asked for plus start-up, never the default 60 s: a bound a slow, busy machine keeps.
+    assert time.monotonic() - started < 30
     assert "rendezvous endpoint 127.0.0.1:9 not reachable within 2 s" in capsys.readouterr().err
 
 
@@ -108,6 +109,77 @@ def test_slurm_templates_render_and_pass_shellcheck(name, tmp_path):
         pytest.skip("shellcheck is not installed (pip install -e '.[test]' installs it)")
     done = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout
+
+
+@pytest.mark.parametrize("name", ["slurm-torchrun", "slurm-mpi"])
+def test_slurm_templates_for_cpu_nodes_ask_for_no_gpu(name, tmp_path):
+    lab = "horovod" if name == "slurm-mpi" else "ddp"
+    shape = templates.JobShape(lab, nodes=2, gpus_per_node=0, ranks_per_node=2, cpus_per_task=4,
+                               backend=templates.default_backend(name, lab, 0))
+    text = templates.render(name, shape)
+    directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert not any("gpu" in line for line in directives), directives
+    if name == "slurm-torchrun":  # one task per node holds both ranks' CPUs: 4 / 2 threads each
+        assert shape.backend == "gloo" and "--world-size 4" in text and "--threads 2" in text
+        assert "export OMP_NUM_THREADS=2" in text
+    else:  # one task per rank, each with its own 4 CPUs
+        assert shape.backend == "horovod" and "#SBATCH --ntasks-per-node=2" in text
+        assert "export OMP_NUM_THREADS=4" in text
+    script = tmp_path / f"{name}.sh"
+    script.write_text(text)
+    shellcheck = find_tool("shellcheck")
+    if shellcheck:
+        done = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout
+
+
+@pytest.mark.parametrize(("argv", "backend"), [(["slurm-torchrun", "--gpus-per-node", "8"], "nccl"),
+                                               (["slurm-torchrun", "--gpus-per-node", "0"], "gloo"),
+                                               (["slurm-mpi", "--lab", "horovod", "--gpus-per-node", "0"], "horovod"),
+                                               (["slurm-mpi", "--lab", "ddp", "--gpus-per-node", "0"], "gloo")])
+def test_the_template_backend_follows_the_nodes(argv, backend, capsys):
+    assert cli.main(["template", *argv]) == 0
+    assert f"--backend {backend}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["slurm-torchrun", "--gpus-per-node", "0", "--backend", "nccl"], "--backend nccl needs GPUs"),
+    (["slurm-mpi", "--lab", "ddp", "--gpus-per-node", "0", "--backend", "nccl"], "--backend nccl needs GPUs"),
+    (["slurm-torchrun", "--gpus-per-node", "2", "--ranks-per-node", "4", "--backend", "nccl"], "a GPU per rank"),
+    (["k8s-pytorchjob", "--gpus-per-node", "0"], "give --gpus-per-node N"),
+    (["slurm-torchrun", "--gpus-per-node", "-1"], "-1 is less than 0"),
+])
+def test_a_template_that_cannot_run_is_refused_in_one_line(argv, message, capsys, tmp_path):
+    out = tmp_path / "job.sbatch"
+    assert cli.main(["template", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_the_rendezvous_is_the_first_node_s_slurm_address(tmp_path):
+    """Node names that resolve only inside Slurm: the endpoint is the NodeAddr scontrol reports, and
+    the name where Slurm reports none. The job runs under bash with scontrol, srun, distlab faked."""
+    shape = templates.JobShape("check", nodes=2, gpus_per_node=0, backend="gloo", cpus_per_task=1, port=29411)
+    script = tmp_path / "job.sh"
+    script.write_text(templates.render("slurm-torchrun", shape))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    argv_file = tmp_path / "argv"
+    (fake / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+    (fake / "distlab").write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {argv_file}\n')
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2",
+           "SLURM_NODEID": "0", "SLURM_JOB_ID": "7", "HOME": str(tmp_path)}
+    for node_line, endpoint in (("NodeName=n1 Arch=x86_64 CoresPerSocket=1\n   NodeAddr=10.9.0.1 NodeHostName=h1",
+                                 "10.9.0.1:29411"), ("NodeName=n1 Arch=x86_64", "n1:29411")):
+        (fake / "scontrol").write_text(f'#!/bin/bash\nif [[ "$2" == hostnames ]]; then printf "n1\\nn2\\n"; '
+                                       f'else printf "%s\\n" "{node_line}"; fi\n')
+        for tool in fake.iterdir():
+            tool.chmod(0o755)
+        done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        argv = argv_file.read_text().splitlines()
+        assert argv[argv.index("--rdzv-endpoint") + 1] == endpoint
 
 
 @pytest.mark.parametrize(("name", "kind", "replicas_key"), [("k8s-pytorchjob", "PyTorchJob", "pytorchReplicaSpecs"),
