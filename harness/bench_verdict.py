@@ -30,6 +30,7 @@ from rich.table import Table
 from harness.console import console
 from harness.profiles import tomllib
 from harness.references import PROGRAM_RATIO_FLOOR
+from harness.robustness import busy_processes
 
 REPO = Path(__file__).resolve().parents[1]
 LAB = REPO / "labs/ddp/train.py"
@@ -109,9 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"distlab bench verdict: {args.grades} grade(s) of each program at world size "
                       f"{args.world_size}, {args.load} CPU-bound process(es) beside; floor {PROGRAM_RATIO_FLOOR:g}",
                       markup=False)
-        load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load)]
         outcomes: dict[str, list[dict[str, Any]]] = {name: [] for name in programs}
-        try:
+        with busy_processes(args.load):
             for n in range(args.grades):  # the two programs take turns: a change of load touches both
                 for name, program in programs.items():
                     outcome = grade_once(profile, program, root / f"{name.split()[0]}-{n}")
@@ -119,10 +119,6 @@ def main(argv: list[str] | None = None) -> int:
                     verdict = outcome["verdict"] or {}
                     console.print(f"  {name} grade {n + 1}: {verdict.get('measured', '-')} "
                                   f"({'passed' if verdict.get('passed') else 'failed'})", markup=False)
-        finally:
-            for process in load:
-                process.kill()
-                process.wait()
     table = Table(title="speed verdicts under load")
     for column in ("program", "passed the speed check", "expected", "median ratio per grade"):
         table.add_column(column)

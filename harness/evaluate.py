@@ -14,9 +14,10 @@ once per run (about 4 s of CPU each on a 2-core machine). It only reads what a r
 between runs, so it cannot disturb one.
 
 Rank 0's weights on the whole test set is the canonical measure. A data-parallel lab reports the
-sum of each rank's count on its own shard, each with that rank's own BatchNorm running statistics
-(they differ between ranks, see harness/observed.py), so the two can differ, by a few images at
-most, even for an honest lab.
+sum of each rank's count on its own shard; once the ranks hold one model (BatchNorm's running
+statistics averaged, labs/TRAINING.md "One model at the end of training") that is the same model's
+accuracy, within one test image (grade.accuracy_claim_tolerance). A program whose ranks kept their
+own statistics counted each shard with another model: harness/observed.py says so instead.
 """
 
 from __future__ import annotations

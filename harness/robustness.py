@@ -19,11 +19,15 @@ least one grade, which is where interactions (the slow kernels under load, say) 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,20 +85,37 @@ def derived_profile(source: Path, condition: Condition, directory: Path) -> Path
     return path
 
 
-def grade(profile: Path, condition: Condition, results: Path, labs: str | None) -> dict[str, Any]:
-    """One `distlab grade` under the condition: its verdicts, exit code and time."""
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": condition.capability} if condition.capability else \
-        {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
-    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(condition.load)]
-    started = time.monotonic()
+@contextlib.contextmanager
+def busy_processes(count: int) -> Iterator[None]:
+    """`count` CPU-bound processes for the duration, a busy machine made on purpose. They end with the
+    block, with this process if it is killed (PR_SET_PDEATHSIG), and SIGTERM ends the block like Ctrl-C."""
+    libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+    def die_with_parent() -> None:
+        if libc is not None:
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=die_with_parent)
+            for _ in range(count)]
     try:
-        done = subprocess.run([sys.executable, "-m", "harness.cli", "grade", "--profile", str(profile),
-                               "--results", str(results), *(["--labs", labs] if labs else [])],
-                              cwd=REPO, env=env, capture_output=True, text=True, timeout=4 * 3600)
+        yield
     finally:
         for process in load:
             process.kill()
             process.wait()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def grade(profile: Path, condition: Condition, results: Path, labs: str | None) -> dict[str, Any]:
+    """One `distlab grade` under the condition: its verdicts, exit code and time."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": condition.capability} if condition.capability else \
+        {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    started = time.monotonic()
+    with busy_processes(condition.load):
+        done = subprocess.run([sys.executable, "-m", "harness.cli", "grade", "--profile", str(profile),
+                               "--results", str(results), *(["--labs", labs] if labs else [])],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=4 * 3600)
     found = sorted(results.glob("grade/*/verdicts.json"))
     return {"condition": condition.describe(), "returncode": done.returncode,
             "seconds": time.monotonic() - started, "verdicts": json.loads(found[-1].read_text()) if found else [],

@@ -64,10 +64,12 @@ def test_runs_never_overwrite_each_other(distlab_run, results):
 
 
 def test_a_hung_run_is_ended_by_the_watchdog_with_every_ranks_last_lines(distlab_run):
-    # --timeout 600 in the lab: the collective would wait longer than the harness's watchdog.
-    result = distlab_run("check", 2, lab_args=["--hang-rank", "1", "--timeout", "600"], timeout=20)
+    # --timeout 600 in the lab: the collective would wait longer than the harness's watchdog. The
+    # watchdog's 60 s leave the ranks time to start and reach the hang on a machine 8x slower and
+    # busy (torch's import alone took 3 s here under load).
+    result = distlab_run("check", 2, lab_args=["--hang-rank", "1", "--timeout", "600"], timeout=60)
     assert result.returncode == 1
-    assert "timed out after 20 s: hang suspected" in result.output
+    assert "timed out after 60 s: hang suspected" in result.output
     assert "last lines of rank.1" in result.output and "hanging as asked by --hang-rank" in result.output
     assert result.run["timed_out"] is True
     assert result.record["status"] == "failed" and "hang suspected" in result.record["reason"]

@@ -53,3 +53,33 @@ def test_the_twice_slower_mutant_is_the_lab_with_a_busy_wait_before_each_step():
     compile(slow, "mutant", "exec")
     with pytest.raises(ValueError, match="not found once"):
         bench_verdict.mutate("no loop here", bench_verdict.TWICE_SLOWER)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_the_busy_processes_end_with_their_maker_however_it_is_stopped(tmp_path, how):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    code = ("import os, sys, time\nfrom harness.robustness import busy_processes\nimport psutil\n"
+            "with busy_processes(2):\n"
+            "    print(*(c.pid for c in psutil.Process().children()), flush=True)\n"
+            "    time.sleep(600)\n")
+    maker = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    children = [int(pid) for pid in maker.stdout.readline().split()]
+    assert len(children) == 2 and all(psutil.pid_exists(pid) for pid in children)
+    maker.send_signal(getattr(signal, how))
+    maker.wait(timeout=120)
+    def alive(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    deadline = time.monotonic() + 120  # an event, not a speed: each child is gone, or this fails after 2 min
+    while any(alive(pid) for pid in children):
+        assert time.monotonic() < deadline, "a busy process outlived the process that made it"
+        time.sleep(0.05)
