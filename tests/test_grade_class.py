@@ -3,9 +3,9 @@
 One class is graded once per module (cpu-smoke's ddp row at world size 2, without its throughput
 band: no course-lab run beside each submission, which the speed tests of test_grade_mutations.py
 cover): a correct program (tests/programs/ddp_program.py, the one test_grade_mutations.py shows
-passing every check alone) and the eight hostile submissions of tests/submissions/. Each hostile
-one must be contained, named in its own feedback, and leave the correct one's grade whole. The
-sleeper's id sorts first, so that its wait for the watchdog overlaps the others' runs.
+passing every check alone) and the hostile submissions of tests/submissions/ but the sleeper (graded
+in the resume test, under a shorter watchdog: its wait would double this class's time). Each hostile
+one must be contained, named in its own feedback, and leave the correct one's grade whole.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from harness.verdicts import Verdict
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = REPO / "tests/submissions"
 CORRECT = REPO / "tests/programs/ddp_program.py"
-WALL_S = 150  # the watchdog for every run: the correct program's graded run took 25 s here, alone 2 jobs at once
+WALL_S = 150  # the watchdog for every run: the correct program's graded run took 25 s here, 2 jobs at once
 NOISY = {"speed"}  # wall time judged under the suite's other workers: not asserted for the correct program
 
 
@@ -49,6 +49,8 @@ def sandbox_missing() -> str | None:
 
 
 needs_sandbox = pytest.mark.skipif(sandbox_missing() is not None, reason=str(sandbox_missing()))
+# The tests of the one class graded per module: one xdist worker sets it up (--dist loadgroup).
+the_class = pytest.mark.xdist_group("grade_class")
 
 
 def class_profile(folder: Path) -> Path:
@@ -76,6 +78,20 @@ def grade_class(submissions: Path, *args: str, timeout: float = 900) -> subproce
     return run_distlab(["grade-class", str(submissions), "--lab", "ddp", *args], timeout=timeout)
 
 
+# The lecture's third pitfall as a mutant of the course lab: a branch of the model no step uses. DDP
+# stops at the second step ("Expected to have finished reduction in the prior iteration ..."), and the
+# feedback names the lesson from that message.
+MODEL = "        model = training.build_model(args.stem).to(device)\n"
+UNUSED = [(MODEL, MODEL + "        model.aux_head = torch.nn.Linear(10, 10).to(device)  # a branch no step uses\n")]
+
+
+def unused_parameters_mutant(path: Path) -> Path:
+    source = (REPO / "labs/ddp/train.py").read_text()
+    assert source.count(UNUSED[0][0]) == 1, "the lab changed: its model line is not found once"
+    path.write_text(source.replace(*UNUSED[0]))
+    return path
+
+
 # id -> words its gradebook reason must hold (what the grader saw, by name)
 EXPECTED = {
     "reads-other": "tried to reach",
@@ -83,7 +99,7 @@ EXPECTED = {
     "network": "tried to reach the network beyond loopback",
     "fork-bomb": "started more than 512 processes",
     "fills-disk": "wrote more than 64 MiB into its folder",
-    "0-sleeps-forever": f"timed out after {WALL_S} s",
+    "sleeps-forever": "stopped: ran past its wall time of",
     "forges-observations": "names pid 4242, which no process running the program had",
     "kills-observer": "no rank left observations",
 }
@@ -96,8 +112,9 @@ def graded(tmp_path_factory):
     submissions.mkdir()
     shutil.copy(CORRECT, submissions / "alice.py")
     for path in HOSTILE.glob("*.py"):
-        name = path.stem.replace("_", "-")
-        shutil.copy(path, submissions / f"{'0-' if name == 'sleeps-forever' else ''}{name}.py")
+        if path.stem != "sleeps_forever":
+            shutil.copy(path, submissions / f"{path.stem.replace('_', '-')}.py")
+    unused_parameters_mutant(submissions / "dave.py")
     (submissions / "carol").mkdir()  # a wrong layout: two programs, neither train.py
     for name in ("a.py", "b.py"):
         (submissions / "carol" / name).write_text("print('hello')\n")
@@ -114,10 +131,13 @@ def graded(tmp_path_factory):
 
 @needs_sandbox
 @pytest.mark.integration
+@the_class
 def test_each_hostile_submission_is_contained_and_named_in_its_own_feedback(graded):
     assert graded["done"].returncode == 0, graded["done"].stdout + graded["done"].stderr
     book = graded["gradebook"]
     for student, words in EXPECTED.items():
+        if student == "sleeps-forever":
+            continue  # graded in the resume test
         row = book[student]
         assert row["status"] == "ungradable" and row["score"] == "", row  # never a silent 0
         assert words in row["reason"], (student, row["reason"])
@@ -129,6 +149,7 @@ def test_each_hostile_submission_is_contained_and_named_in_its_own_feedback(grad
 
 @needs_sandbox
 @pytest.mark.integration
+@the_class
 def test_the_correct_submission_keeps_its_whole_grade_beside_them(graded):
     row = graded["gradebook"]["alice"]
     the_rubric = rubric.load(graded["rubric"])
@@ -142,6 +163,16 @@ def test_the_correct_submission_keeps_its_whole_grade_beside_them(graded):
 
 @needs_sandbox
 @pytest.mark.integration
+@the_class
+def test_unused_parameters_are_named_from_ddps_own_error_with_their_lesson(graded):
+    feedback = (graded["class_dir"] / "feedback/dave.md").read_text()
+    assert "### unused_parameters" in feedback and "Expected to have finished reduction" in feedback, feedback
+    assert "find_unused_parameters=True" in feedback and "labs/TRAINING.md#unused-parameters" in feedback
+
+
+@needs_sandbox
+@pytest.mark.integration
+@the_class
 def test_the_graders_files_and_the_machine_are_left_as_they_were(graded):
     assert hashlib.sha256((REPO / "harness/verdicts.py").read_bytes()).hexdigest() == graded["harness_before"]
     assert "every verdict passes" not in (graded["class_dir"] / "gradebook.csv").read_text()
@@ -157,6 +188,7 @@ def test_the_graders_files_and_the_machine_are_left_as_they_were(graded):
 
 @needs_sandbox
 @pytest.mark.integration
+@the_class
 def test_feedback_teaches_and_hidden_items_stay_hidden(graded):
     class_dir = graded["class_dir"]
     results = json.loads((class_dir / "gradescope/alice/results.json").read_text())
@@ -171,6 +203,7 @@ def test_feedback_teaches_and_hidden_items_stay_hidden(graded):
 
 @needs_sandbox
 @pytest.mark.integration
+@the_class
 def test_a_regrade_after_the_rubric_changed_recomputes_without_training(graded):
     runs_before = sorted(graded["class_dir"].glob("jobs/*/runs/*/*"))
     doubled = class_rubric(graded["folder"], **{"runs to the end": 4, "an honest record": 5})
@@ -210,6 +243,7 @@ def test_a_class_stopped_by_sigterm_resumes_where_it_stopped(tmp_path):
     assert "2 to grade" in again.stdout
     book = {row["id"]: row for row in csv.DictReader((class_dir / "gradebook.csv").open())}
     assert "timed out after 20 s" in book["a-sleeper"]["reason"] and book["b-network"]["status"] == "ungradable"
+    assert f"{EXPECTED['sleeps-forever']} 20 s" in (class_dir / "feedback/a-sleeper.md").read_text()
     once_more = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert "0 to grade" in once_more.stdout, once_more.stdout  # finished jobs are kept, not graded again
 

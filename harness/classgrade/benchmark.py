@@ -52,13 +52,10 @@ def build_class(folder: Path) -> dict[str, str]:
         expected[name] = next(check for check in failing if check.startswith("observed:"))
     for path in (REPO / "tests/submissions").glob("*.py"):
         name = path.stem.replace("_", "-")
-        shutil.copy(path, subs / f"{'0-' if name == 'sleeps-forever' else ''}{name}.py")
-        expected[f"{'0-' if name == 'sleeps-forever' else ''}{name}"] = graded.EXPECTED[
-            f"{'0-' if name == 'sleeps-forever' else ''}{name}"]
-    unused = getattr(mutations, "UNUSED", None)
-    if unused:
-        mutations.mutant(subs, "unused-parameters", unused).rename(subs / "unused-parameters.py")
-        expected["unused-parameters"] = "unused_parameters"
+        shutil.copy(path, subs / f"{name}.py")
+        expected[name] = graded.EXPECTED[name]
+    graded.unused_parameters_mutant(subs / "unused-parameters.py")
+    expected["unused-parameters"] = "unused_parameters"
     return expected
 
 

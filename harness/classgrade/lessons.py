@@ -40,13 +40,10 @@ LESSONS = {
         "its seed, and without set_epoch the seed never changes.", "Call sampler.set_epoch(epoch) at the "
         "start of every epoch.", DDP_ADDS),
     "observed:replicas_identical": Lesson(
-        "The ranks ended with different weights: their gradients were not averaged, so each trained a model "
-        "of its own.", "Wrap the model in DistributedDataParallel and let every backward pass all-reduce "
-        "(no_sync only on micro-batches before the last).", DDP_ADDS),
-    "observed:buffers_identical": Lesson(
-        "The ranks ended with different BatchNorm running statistics: each saw only its own small batch.",
-        "Use SyncBatchNorm (--sync-bn) or average the buffers across ranks before evaluating and saving.",
-        f"{TRAINING}#the-batchnorm-lesson"),
+        "The ranks ended with different models: gradients not averaged (each trained its own), or BatchNorm "
+        "running statistics left per rank (each saw only its small batch).", "Wrap the model in "
+        "DistributedDataParallel and let every backward all-reduce; average BatchNorm buffers (or --sync-bn) "
+        "before evaluating and saving.", DDP_ADDS),
     "observed:one_writer_per_checkpoint": Lesson(
         "Several ranks wrote the same checkpoint file at once: the replicas are identical, and concurrent "
         "writes can leave a torn file.", "Save only on rank 0 (if rank == 0: torch.save(...)), then barrier.",

@@ -207,6 +207,7 @@ def _histogram(outcomes: list[Outcome], rubric: Rubric, out: Path) -> Path | Non
     ax.hist(scores, bins=min(20, max(5, int(top))), range=(0, top), color="#4a7ebb", edgecolor="white")
     ax.set_xlabel(f"score (of {top:g})")
     ax.set_ylabel("students")
+    ax.yaxis.get_major_locator().set_params(integer=True)  # students are counted whole
     ax.set_title(f"{len(scores)} graded, {sum(o.status == 'ungradable' for o in outcomes)} ungradable")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -223,12 +224,16 @@ def failed_checks(outcomes: list[Outcome]) -> Counter[str]:
     return counts
 
 
+def _lesson(check: str) -> lessons.Lesson | None:
+    return lessons.LESSONS["sandbox"] if check.startswith("sandbox: ") else lessons.lesson_for(check)
+
+
 def class_page(out_dir: Path, rubric: Rubric, outcomes: list[Outcome], summary: dict[str, Any]) -> Path:
     e = html.escape
     image = _histogram(outcomes, rubric, out_dir / "scores.png")
     counts = failed_checks(outcomes)
     pitfalls = "".join(
-        f"<tr><td>{e(check)}</td><td>{n}</td><td>{e(lesson.fix) if (lesson := lessons.lesson_for(check)) else ''}"
+        f"<tr><td>{e(check)}</td><td>{n}</td><td>{e(lesson.fix) if (lesson := _lesson(check)) else ''}"
         f"</td></tr>" for check, n in counts.most_common())
     timed = sorted((o for o in outcomes if o.seconds is not None and o.status == "graded"),
                    key=lambda o: (o.rate_ratio if o.rate_ratio is not None else -o.seconds))

@@ -1,11 +1,11 @@
 """What find_unused_parameters costs per step: the lesson's measurement (labs/TRAINING.md, "Unused parameters").
 
-    torchrun --nproc-per-node 2 harness/classgrade/unused_cost.py [--steps 30] [--rounds 3]
+    torchrun --nproc-per-node 2 harness/classgrade/unused_cost.py [--steps 30] [--rounds 3] [--stem cifar]
 
-The labs' model (training.build_model, CIFAR stem) with a second head that only even steps use, a
-branch some steps do not take; DDP over gloo, batch 32 per rank. Each setting is timed in rounds,
-A B C A B C ..., so that the machine's load falls on all of them alike; rank 0 prints the median
-ms per step of each:
+The labs' model (training.build_model; the smoke runs' standard stem by default) with a second
+head that only even steps use, a branch some steps do not take; DDP over gloo, batch 32 per rank.
+Each setting is timed in rounds, A B C A B C ..., so that the machine's load falls on all of them
+alike; rank 0 prints the median ms per step of each:
 
     plain            DDP as the labs wrap it: the head unused on odd steps crashes it at the next step
     find_unused      find_unused_parameters=True: after each forward DDP walks the autograd graph to
@@ -30,9 +30,9 @@ from labs.common import training
 
 
 class TwoHeads(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, stem: str) -> None:
         super().__init__()
-        self.body = training.build_model("cifar")
+        self.body = training.build_model(stem)
         self.aux = torch.nn.Linear(10, 10)  # used on even steps only
 
     def forward(self, images: torch.Tensor, use_aux: bool) -> torch.Tensor:
@@ -58,6 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--stem", default="standard", help="the model's stem: standard (the smoke runs') or cifar")
     args = parser.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     dist.init_process_group("gloo")
@@ -65,13 +66,13 @@ def main() -> None:
     results: dict[str, list[float]] = {"plain (head every step)": [], "find_unused_parameters=True": [],
                                        "static_graph=True (head every step)": []}
     for _ in range(args.rounds):
-        results["plain (head every step)"].append(timed(DDP(TwoHeads()), args.steps, True))
+        results["plain (head every step)"].append(timed(DDP(TwoHeads(args.stem)), args.steps, True))
         results["find_unused_parameters=True"].append(
-            timed(DDP(TwoHeads(), find_unused_parameters=True), args.steps, False))
-        results["static_graph=True (head every step)"].append(timed(DDP(TwoHeads(), static_graph=True), args.steps,
-                                                                    True))
+            timed(DDP(TwoHeads(args.stem), find_unused_parameters=True), args.steps, False))
+        results["static_graph=True (head every step)"].append(
+            timed(DDP(TwoHeads(args.stem), static_graph=True), args.steps, True))
     try:  # the mistake itself: the head unused on step 1, and DDP stops at step 2
-        timed(DDP(TwoHeads()), 3, False)
+        timed(DDP(TwoHeads(args.stem)), 3, False)
         crash = "no error"
     except RuntimeError as error:
         crash = str(error).splitlines()[0]
