@@ -249,6 +249,8 @@ EXAMPLES = {
                   "  CUDA_VISIBLE_DEVICES=0,1 distlab acceptance",
     "plan": "examples:\n  distlab plan --params 7e9 --gpus 8 --gpu-memory 80GB --optimizer adam --precision bf16\n"
             "  distlab plan --params 70e9 --gpus 64 --gpu-memory 80GB --seq-len 4096 --batch 1 --json",
+    "compare": "examples:\n  distlab compare               # DDP, Horovod, ZeRO, FSDP2, DeepSpeed at world sizes 1, 2\n"
+               "  distlab compare --smoke --world-sizes 2 --tools ddp,fsdp2,deepspeed-zero3",
     "predict": "examples:\n  distlab predict --scale results/scale/STUDY --bench results/allreduce_bench/RUN --check\n"
                "  distlab predict --cluster          # DGX H100 and 1024 GPUs over InfiniBand, from published figures",
     "completion": "examples:\n  distlab completion bash > /etc/bash_completion.d/distlab",
@@ -354,6 +356,14 @@ def build_parser() -> Parser:
 
     planner.add_arguments(plan)
     plan.set_defaults(func=planner.cmd_plan)
+
+    compare = command("compare", help="DDP, Horovod, ZeRO, FSDP2 and DeepSpeed on one model: the lecture's table",
+                      description="Each tool's program on the same model and batch through its launcher; memory, "
+                                  "step time, throughput vs DDP, lines added (labs/PARALLELISM.md).")
+    from harness import compare as comparison
+
+    comparison.add_arguments(compare)
+    compare.set_defaults(func=comparison.cmd_compare)
 
     predict = command("predict", help="step time, throughput and efficiency at 1..1024 ranks (alpha-beta model)",
                       description="DDP and FSDP past this machine, from a measured step and interconnect "

@@ -31,11 +31,11 @@ FORMULA = {
     2: {"param_bytes": 4, "master_bytes": 4 / 2, "optimizer_bytes": 8 / 2},
     3: {"param_bytes": 4 / 2, "master_bytes": 4 / 2, "optimizer_bytes": 8 / 2},
 }
-# The smoke runs' oracle difference, measured here (ATEN_CPU_CAPABILITY=avx512): 3.9e-4 of how
-# far training moved the parameters at world size 2, 2.8e-4 after the resume at 1 (the lab's own
-# check allows 1e-2; labs/deepspeed/train.py says why). 1e-3 is 2.5x the largest measured;
-# labs/fsdp measured 1.3 on this model for a rank that skips the gradient all-reduce.
-SMOKE_ORACLE_RTOL = 1e-3
+# The smoke runs' oracle difference, measured here at world size 2: 3.9e-4 of how far training
+# moved the parameters with ATEN_CPU_CAPABILITY=avx512 (this CPU's) and avx2, 8.6e-4 with default;
+# 2.8e-4 after the resume at 1 (avx512). The lab's own check allows 1e-2 (labs/deepspeed/train.py
+# says why); labs/fsdp measured 1.3 on this model for a rank that skips the gradient all-reduce.
+ORACLE_RTOL = 1e-2
 
 
 @functools.cache
@@ -72,7 +72,7 @@ def test_every_stage_takes_the_single_process_steps(runs):
         assert metrics["parameters"] == SMOKE_PARAMETERS and len(metrics["train_loss"]) == 5
         # The oracle compared something: training moved the parameters, and the replay agrees.
         assert metrics["oracle_parameters_moved"] > 1e-3
-        assert metrics["oracle_relative_difference"] < SMOKE_ORACLE_RTOL, stage
+        assert metrics["oracle_relative_difference"] < ORACLE_RTOL, stage
     # DeepSpeed's engine, not a stand-in: its ZeRO optimizers, one per kind of stage.
     assert {s: m["optimizer"] for s, m in stages.items()} == {
         "1": "DeepSpeedZeroOptimizer", "2": "DeepSpeedZeroOptimizer", "3": "DeepSpeedZeroOptimizer_Stage3"}
@@ -115,7 +115,7 @@ def test_a_checkpoint_resumes_at_another_world_size(runs):
         # it cannot if the universal checkpoint lost Adam's moments, the step count or a shard.
         assert metrics["first_step"] == 5 and len(metrics["train_loss"]) == 2, stage
         assert passed(record)[f"stage{stage}_params_match_single_process"]
-        assert metrics["oracle_relative_difference"] < SMOKE_ORACLE_RTOL, stage
+        assert metrics["oracle_relative_difference"] < ORACLE_RTOL, stage
         # It trained on from there: its first loss is not the trained run's last.
         assert metrics["train_loss"][0] != trained.record["metrics"]["stages"][stage]["train_loss"][-1]
     for stage in (1, 2, 3):

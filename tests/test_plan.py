@@ -80,3 +80,22 @@ def test_units_and_counts_are_read_as_written():
     assert plan.memory_size("80GB") == plan.memory_size("80G") == plan.memory_size("80") == 80e9
     assert plan.memory_size("80GiB") == 80 * 2**30
     assert plan.memory_size("24576MiB") == 24 * 2**30
+
+
+def test_deepspeed_keeps_an_fp32_master_copy_in_fp32_and_each_row_names_its_tools(capsys):
+    # labs/deepspeed counts it on real ranks (tests/test_parallelism.py): torch's fp32 Adam steps on
+    # the parameters themselves, DeepSpeed's ZeRO on a flat fp32 copy of them, sharded from stage 1.
+    assert cli.main(["plan", "--params", "1e9", "--gpus", "2", "--gpu-memory", "80GB", "--precision", "fp32",
+                     "--tool", "deepspeed", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["bytes_per_param"] == {"param": 4, "grad": 4, "master": 4, "optimizer": 8}
+    totals = {r["strategy"]: r["total_bytes"] / GB for r in result["strategies"]}
+    # 4 + 4 + 12/2, 4 + 16/2, 20/2; DDP (no DeepSpeed) keeps no master copy in fp32.
+    assert totals["ZeRO-1"] == pytest.approx(14.0) and totals["ZeRO-2"] == pytest.approx(12.0)
+    assert totals["ZeRO-3/FSDP"] == pytest.approx(10.0) and totals["DDP"] == pytest.approx(16.0)
+    torch_totals = {r["strategy"]: r["total_bytes"] / GB for r in plan.plan(1_000_000_000, 2, 80 * GB,
+                                                                              precision="fp32")["strategies"]}
+    assert torch_totals["ZeRO-1"] == pytest.approx(12.0)
+    tools = {r["strategy"]: r["tools"] for r in result["strategies"]}
+    assert "DeepSpeed 1" in tools["ZeRO-1"] and "DeepSpeed 2" in tools["ZeRO-2"]
+    assert "DeepSpeed 3" in tools["ZeRO-3/FSDP"] and "FSDP2" in tools["ZeRO-3/FSDP"]

@@ -1,0 +1,55 @@
+"""The comparison's baseline with FSDP2: parameters, gradients and Adam's state sharded, each block its own unit.
+
+    torchrun --standalone --nproc-per-node 2 labs/deepspeed/compare/fsdp2.py --smoke
+"""
+
+import datetime as dt
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from labs.common.contract import lab_run
+from labs.common.process_group import loopback_store
+from labs.common.topology import detect_topology
+from labs.deepspeed.compare.common import LR, Meter, batch, build_model, parse_args
+
+
+def main(argv=None):
+    args = parse_args(__doc__.splitlines()[0], ["gloo", "nccl"], "gloo", argv)
+    topology = detect_topology()
+    rank, world_size = topology.rank, topology.world_size
+    with lab_run("compare", args, topology) as record:
+        timeout = dt.timedelta(seconds=args.timeout)
+        dist.init_process_group(args.backend, store=loopback_store(topology, timeout), rank=rank,
+                                world_size=world_size, timeout=timeout)
+        meter = Meter(args.steps)
+        mesh = init_device_mesh("cpu", (world_size,))
+        model = build_model(args)
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        optimizer = torch.optim.Adam(model.parameters(), lr=LR)
+        losses = []
+        for step in range(args.steps):
+            meter.start(step)
+            inputs, labels = batch(step, args, rank, world_size)
+            loss = F.cross_entropy(model(inputs), labels)
+            loss.backward()
+            meter.sample()
+            optimizer.step()
+            meter.sample()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+            meter.stop()
+        peaks = [None] * world_size
+        dist.all_gather_object(peaks, meter.peak)
+        record.metrics.update(tool="fsdp2", world_size=world_size, **meter.metrics(args, peaks, losses))
+        del model, optimizer
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
