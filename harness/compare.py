@@ -227,8 +227,11 @@ def plan_runs(args: argparse.Namespace) -> list[tuple[Tool, int]]:
     if too_many:
         raise UsageError(f"world size {too_many[0]} x {args.threads} thread(s) is over 4x this host's {cores} cores; "
                          "choose smaller --world-sizes")
-    return [(TOOLS[name], ws) for ws in args.world_sizes for name in names
-            if not (TOOLS[name].world_size_1_only and ws > 1)]
+    planned = [(TOOLS[name], ws) for ws in args.world_sizes for name in names
+               if not (TOOLS[name].world_size_1_only and ws > 1)]
+    if not planned:
+        raise UsageError(f"--tools {args.tools} runs at world size 1 only; add 1 to --world-sizes or choose more tools")
+    return planned
 
 
 def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:

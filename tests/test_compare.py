@@ -69,7 +69,8 @@ def test_complexity_is_the_lines_each_program_adds_to_the_baseline(tmp_path):
     (["--threads", "0"], "argument --threads"),
     (["--", "--smoke"], "distlab compare takes no lab arguments (--smoke); use --smoke or --tools"),
     (["--from", "nowhere"], "nowhere holds no summary.json; give a folder `distlab compare` wrote"),
-], ids=["tool", "world-size", "threads", "lab-args", "from"])
+    (["--tools", "single", "--world-sizes", "2"], "--tools single runs at world size 1 only; add 1 to --world-sizes"),
+], ids=["tool", "world-size", "threads", "lab-args", "from", "single-at-2"])
 def test_bad_input_gets_one_line_and_exit_2(capsys, tmp_path, args, message):
     assert cli.main(["compare", "--results", str(tmp_path), *args]) == 2
     captured = capsys.readouterr()
