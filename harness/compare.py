@@ -71,7 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tools", default=",".join(TOOLS),
                         help=f"comma-separated, of: {', '.join(TOOLS)} (default: all)")
     parser.add_argument("--smoke", action="store_true", help="the programs' seconds-long model and steps")
-    parser.add_argument("--gpu", action="store_true", help="NCCL, one GPU per rank (default: Gloo on the CPUs)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="one GPU per rank, NCCL (Horovod: its own) (default: the CPUs, Gloo)")
     parser.add_argument("--threads", type=positive_int, default=1, help="OMP threads per rank (default 1)")
     parser.add_argument("--timeout", type=positive_float, default=600.0, help="seconds per run (default 600)")
     parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
@@ -243,7 +244,7 @@ def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
     backend_for = {"gloo": "nccl" if args.gpu else "gloo"}
     requests = []
     for tool, ws in planned:  # every request checked before the first run starts
-        lab_args = [*tool.args, *(["--smoke"] if args.smoke else [])]
+        lab_args = [*tool.args, *(["--smoke"] if args.smoke else []), *(["--device", "cuda"] if args.gpu else [])]
         backend = backend_for.get(tool.backend, tool.backend)
         requests.append((tool, build_request(tool.lab, ws, lab_args, backend=backend, threads=args.threads,
                                              timeout_s=args.timeout, results_root=args.results,

@@ -35,6 +35,7 @@ def parse_args(description: str, backends: list[str], default_backend: str, argv
     parser.add_argument("--global-batch", type=int, default=GLOBAL_BATCH, help="samples per step over all ranks")
     parser.add_argument("--steps", type=int, help=f"optimizer steps (default {STEPS}; {SMOKE['steps']} with --smoke)")
     parser.add_argument("--stage", type=int, choices=(1, 2, 3), default=1, help="ZeRO stage (deepspeed_zero.py)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: this local rank's GPU")
     args = parser.parse_args(argv)
     for name, value in {"dim": DIM, "hidden": HIDDEN, "steps": STEPS}.items():
         if getattr(args, name) is None:
@@ -51,14 +52,25 @@ def build_model(args: argparse.Namespace) -> torch.nn.Module:
     return BlockStack(args.dim, args.hidden, LAYERS, CLASSES)
 
 
-def batch(step: int, args: argparse.Namespace, rank: int = 0, world_size: int = 1):
-    """This rank's share of step's global batch."""
+def device_for(args: argparse.Namespace, local_rank: int = 0) -> torch.device:
+    """This rank's device: the GPU of its local rank with --device cuda, else the CPU."""
+    if args.device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit("error: --device cuda needs a GPU and none is visible; use --device cpu")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def batch(step: int, args: argparse.Namespace, device: torch.device, rank: int = 0, world_size: int = 1):
+    """This rank's share of step's global batch, on its device."""
     if args.global_batch % world_size:
         raise SystemExit(f"error: --global-batch {args.global_batch} does not split over world size {world_size}; "
                          f"choose a multiple of {world_size}")
     inputs, labels = synthetic_batch(step, args.global_batch, args.dim, CLASSES)
     per_rank = args.global_batch // world_size
-    return inputs[rank * per_rank:(rank + 1) * per_rank], labels[rank * per_rank:(rank + 1) * per_rank]
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    return inputs[mine].to(device), labels[mine].to(device)
 
 
 class Meter:
@@ -70,8 +82,8 @@ class Meter:
     step, outside the clock (a census takes about a second with DeepSpeed loaded).
     """
 
-    def __init__(self, steps: int) -> None:
-        self.steps, self.times, self.peak = steps, [], 0
+    def __init__(self, steps: int, device: torch.device) -> None:
+        self.steps, self.times, self.peak, self.device = steps, [], 0, device
         self.before = set(alive())
 
     def start(self, step: int) -> None:
@@ -80,10 +92,14 @@ class Meter:
     def sample(self) -> None:
         if self.step == self.steps - 1:
             paused = time.perf_counter()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
             self.peak = max(self.peak, sum(v for k, v in alive().items() if k not in self.before))
             self.started += time.perf_counter() - paused
 
     def stop(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the step's kernels are done, not just queued
         if self.step >= WARMUP:
             self.times.append(time.perf_counter() - self.started)
 
@@ -104,5 +120,5 @@ def alive() -> dict[int, int]:
             if torch.is_tensor(obj) and obj.device.type != "meta":
                 local = obj.to_local() if hasattr(obj, "to_local") else obj
                 storage = local.untyped_storage()
-                found[storage.data_ptr()] = storage.nbytes()
+                found[(storage.device.type, storage.data_ptr())] = storage.nbytes()
     return found

@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from labs.common.contract import lab_run
 from labs.common.process_group import loopback_store
 from labs.common.topology import detect_topology
-from labs.deepspeed.compare.common import LR, Meter, batch, build_model, parse_args
+from labs.deepspeed.compare.common import LR, Meter, batch, build_model, device_for, parse_args
 
 
 def main(argv=None):
@@ -21,16 +21,17 @@ def main(argv=None):
     topology = detect_topology()
     rank, world_size = topology.rank, topology.world_size
     with lab_run("compare", args, topology) as record:
+        device = device_for(args, topology.local_rank)
         timeout = dt.timedelta(seconds=args.timeout)
         dist.init_process_group(args.backend, store=loopback_store(topology, timeout), rank=rank,
                                 world_size=world_size, timeout=timeout)
-        meter = Meter(args.steps)
-        model = DDP(build_model(args))
+        meter = Meter(args.steps, device)
+        model = DDP(build_model(args).to(device))
         optimizer = torch.optim.Adam(model.parameters(), lr=LR)
         losses = []
         for step in range(args.steps):
             meter.start(step)
-            inputs, labels = batch(step, args, rank, world_size)
+            inputs, labels = batch(step, args, device, rank, world_size)
             loss = F.cross_entropy(model(inputs), labels)
             loss.backward()
             meter.sample()

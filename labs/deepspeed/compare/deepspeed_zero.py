@@ -18,7 +18,7 @@ import torch.nn.functional as F  # noqa: E402
 from labs.common.contract import lab_run  # noqa: E402
 from labs.common.process_group import loopback_store  # noqa: E402
 from labs.common.topology import detect_topology  # noqa: E402
-from labs.deepspeed.compare.common import LR, Meter, batch, build_model, parse_args  # noqa: E402
+from labs.deepspeed.compare.common import LR, Meter, batch, build_model, device_for, parse_args  # noqa: E402
 
 
 def main(argv=None):
@@ -26,11 +26,12 @@ def main(argv=None):
     topology = detect_topology()
     rank, world_size = topology.rank, topology.world_size
     with lab_run("compare", args, topology) as record:
+        device = device_for(args, topology.local_rank)
         timeout = dt.timedelta(seconds=args.timeout)
         dist.init_process_group(args.backend, store=loopback_store(topology, timeout), rank=rank,
                                 world_size=world_size, timeout=timeout)
         deepspeed.init_distributed(dist_backend=args.backend, timeout=timeout)
-        meter = Meter(args.steps)
+        meter = Meter(args.steps, device)
         bucket = 2**18  # elements; DeepSpeed's default 5e8 is a 2 GB buffer per rank at stage 3 (labs/deepspeed)
         config = {
             "train_batch_size": args.global_batch, "train_micro_batch_size_per_gpu": args.global_batch // world_size,
@@ -45,7 +46,7 @@ def main(argv=None):
         losses = []
         for step in range(args.steps):
             meter.start(step)
-            inputs, labels = batch(step, args, rank, world_size)
+            inputs, labels = batch(step, args, device, rank, world_size)
             loss = F.cross_entropy(model(inputs), labels)
             model.backward(loss)
             meter.sample()

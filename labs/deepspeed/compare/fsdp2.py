@@ -14,7 +14,7 @@ from torch.distributed.fsdp import fully_shard
 from labs.common.contract import lab_run
 from labs.common.process_group import loopback_store
 from labs.common.topology import detect_topology
-from labs.deepspeed.compare.common import LR, Meter, batch, build_model, parse_args
+from labs.deepspeed.compare.common import LR, Meter, batch, build_model, device_for, parse_args
 
 
 def main(argv=None):
@@ -22,12 +22,13 @@ def main(argv=None):
     topology = detect_topology()
     rank, world_size = topology.rank, topology.world_size
     with lab_run("compare", args, topology) as record:
+        device = device_for(args, topology.local_rank)
         timeout = dt.timedelta(seconds=args.timeout)
         dist.init_process_group(args.backend, store=loopback_store(topology, timeout), rank=rank,
                                 world_size=world_size, timeout=timeout)
-        meter = Meter(args.steps)
-        mesh = init_device_mesh("cpu", (world_size,))
-        model = build_model(args)
+        meter = Meter(args.steps, device)
+        mesh = init_device_mesh(device.type, (world_size,))
+        model = build_model(args).to(device)
         for block in model.blocks:
             fully_shard(block, mesh=mesh)
         fully_shard(model, mesh=mesh)
@@ -35,7 +36,7 @@ def main(argv=None):
         losses = []
         for step in range(args.steps):
             meter.start(step)
-            inputs, labels = batch(step, args, rank, world_size)
+            inputs, labels = batch(step, args, device, rank, world_size)
             loss = F.cross_entropy(model(inputs), labels)
             loss.backward()
             meter.sample()

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from labs.common.contract import lab_run
 from labs.common.process_group import horovod_stall_timeouts
 from labs.common.topology import detect_topology
-from labs.deepspeed.compare.common import LR, Meter, batch, build_model, parse_args
+from labs.deepspeed.compare.common import LR, Meter, batch, build_model, device_for, parse_args
 
 
 def main(argv=None):
@@ -20,15 +20,16 @@ def main(argv=None):
     with lab_run("compare", args, topology) as record:
         horovod_stall_timeouts(args.timeout)
         hvd.init()
-        meter = Meter(args.steps)
-        model = build_model(args)
+        device = device_for(args, hvd.local_rank())
+        meter = Meter(args.steps, device)
+        model = build_model(args).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=LR)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         losses = []
         for step in range(args.steps):
             meter.start(step)
-            inputs, labels = batch(step, args, rank, world_size)
+            inputs, labels = batch(step, args, device, rank, world_size)
             loss = F.cross_entropy(model(inputs), labels)
             loss.backward()
             meter.sample()

@@ -8,20 +8,21 @@ import torch.nn.functional as F
 
 from labs.common.contract import lab_run
 from labs.common.topology import detect_topology
-from labs.deepspeed.compare.common import LR, Meter, batch, build_model, parse_args
+from labs.deepspeed.compare.common import LR, Meter, batch, build_model, device_for, parse_args
 
 
 def main(argv=None):
     args = parse_args(__doc__.splitlines()[0], ["none"], "none", argv)
     topology = detect_topology()
     with lab_run("compare", args, topology) as record:
-        meter = Meter(args.steps)
-        model = build_model(args)
+        device = device_for(args)
+        meter = Meter(args.steps, device)
+        model = build_model(args).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=LR)
         losses = []
         for step in range(args.steps):
             meter.start(step)
-            inputs, labels = batch(step, args)
+            inputs, labels = batch(step, args, device)
             loss = F.cross_entropy(model(inputs), labels)
             loss.backward()
             meter.sample()
