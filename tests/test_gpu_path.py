@@ -213,3 +213,146 @@ def test_horovod_trains_with_channels_last_and_gets_only_contiguous_tensors(lab,
     assert run.record["status"] == "ok" and run.record["config"]["channels_last"] is True
     assert any(call["op"] == "horovod.broadcast_parameters" for call in calls)
     assert not misplaced(calls), "\n".join(misplaced(calls))
+
+
+# ------------------------------------------------------------------------------- Horovod with NCCL
+
+BUILD = REPO / "docker" / "horovod" / "build_horovod.py"
+NCCL_WHEELS = REPO / ".nox" / "horovod-nccl-wheel"  # where `nox -s horovod-nccl` leaves its wheel
+
+
+def _build_horovod():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("build_horovod", BUILD)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_wheel_cache_key_covers_every_gpu_option(tmp_path):
+    build = _build_horovod()
+    facts = {"torch": "2.14.1+cu130", "abi": "cp311"}
+    flags = {"HOROVOD_WITH_PYTORCH": "1", "HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_BUILD_CUDA_CC_LIST": "80,90",
+             "HOROVOD_NCCL_LINK": "SHARED"}
+    gpu = {**facts, "cuda": "13.0", "nccl": "2.30.7"}
+    key = build.cache_key(gpu, flags)
+    assert "-cuda13.0-nccl2.30.7-" in key
+    others = [build.cache_key({**gpu, "cuda": "13.1"}, flags), build.cache_key({**gpu, "nccl": "2.31.0"}, flags),
+              build.cache_key(gpu, {**flags, "HOROVOD_BUILD_CUDA_CC_LIST": "90"}),
+              build.cache_key(gpu, {**flags, "HOROVOD_NCCL_LINK": "STATIC"}),
+              build.cache_key(facts, {k: v for k, v in flags.items() if "NCCL" not in k and "CUDA" not in k})]
+    assert len({key, *others}) == 6
+
+
+def test_a_gpu_build_without_cuda_stops_with_one_line_naming_the_fix(monkeypatch, capsys):
+    build = _build_horovod()
+    monkeypatch.setattr(build, "find_cuda", lambda: None)
+    args = argparse.Namespace(python="python", cache_dir=Path("/nonexistent"))
+    with pytest.raises(SystemExit) as stop:
+        build.gpu_env(args, {})
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert "CUDA_HOME" in err and "HOROVOD_TORCH_CPU_ONLY=1 make setup" in err
+
+
+@pytest.mark.skipif(not list(NCCL_WHEELS.glob("horovod-*.whl")),
+                    reason="no Horovod wheel with NCCL was built here; `nox -s horovod-nccl` builds one (10-20 min)")
+def test_the_nccl_build_links_nccl_and_says_so(tmp_path):
+    """The extension needs libnccl.so.2 and reports NCCL built, loaded without a GPU driver."""
+    import subprocess
+    import sys
+    import zipfile
+
+    wheel = sorted(NCCL_WHEELS.glob("horovod-*.whl"))[-1]
+    zipfile.ZipFile(wheel).extractall(tmp_path)
+    extension = next(tmp_path.glob("horovod/torch/mpi_lib_v2*.so"))
+    needed = subprocess.run(["readelf", "-d", str(extension)], capture_output=True, text=True, check=True).stdout
+    assert "[libnccl.so.2]" in needed and "[libcudart.so.13]" in needed
+    probe = ("import torch, horovod.torch as hvd; print(hvd.nccl_built(), hvd.cuda_built())")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    nccl, cuda = done.stdout.split()
+    assert int(nccl) >= 2000 and cuda == "True"  # NCCL's version code, e.g. 23007 for 2.30.7
+    check = subprocess.run([sys.executable, "-c", _build_horovod().CHECK_BUILD], capture_output=True, text=True,
+                           env=env, timeout=120)
+    assert "[X] NCCL" in check.stdout, check.stdout
+
+
+# ------------------------------------------------------------------------- the one-GPU acceptance
+
+
+@pytest.mark.parametrize("horovod", [True, False])
+def test_the_one_gpu_plan_runs_every_nccl_lab_and_two_ranks_over_gloo_on_the_gpu(horovod, tmp_path):
+    from harness import acceptance
+    from harness.profiles import load_profile
+
+    path = tmp_path / "plan.toml"
+    path.write_text(acceptance.one_gpu_plan(horovod))
+    plan = load_profile(path)  # what calibrate reads: a valid template profile
+    rows = plan.labs
+    nccl_at_1 = {row.catalog_lab for row in rows.values() if row.backend == "nccl" and row.world_sizes == (1,)}
+    assert nccl_at_1 == {"check", "ddp", "fsdp", "tensor_parallel", "pipeline", "allreduce_bench", "collectives",
+                         "scaling"}
+    assert {rows[name].args[rows[name].args.index("--strategy") + 1] for name in ("fsdp", "fsdp_zero1", "fsdp_ddp")} \
+        == {"fsdp", "zero1", "ddp"}
+    shared = [row for row in rows.values() if row.world_sizes == (2,)]
+    assert {row.catalog_lab for row in shared} == {"check", "ddp"}
+    assert all(row.backend == "gloo" and "--device" in row.args and "cuda" in row.args for row in shared)
+    training_rows = [row for row in rows.values() if LABS[row.catalog_lab].data_parallel or row.lab == "scaling"]
+    assert training_rows and all("bf16" in row.args for row in training_rows)
+    assert ("horovod" in rows) == horovod
+
+
+@pytest.mark.parametrize("horovod", [(True, "built with NCCL"), (False, "Horovod was built without NCCL")])
+def test_the_one_gpu_acceptance_fits_its_budget_and_names_a_skipped_horovod(horovod, tmp_path):
+    from harness import acceptance
+
+    planned = acceptance.one_gpu_steps("NVIDIA H200", tmp_path, horovod)
+    names = [name for name, _, _ in planned]
+    assert names[-2:] == ["calibrate nvidia-h200-x1", "grade against nvidia-h200-x1"]
+    skipped = [name for name, argv, _ in planned if argv is None]
+    assert skipped == ([] if horovod[0] else ["horovod ws=1 SKIPPED: Horovod was built without NCCL"])
+    total = sum(seconds for _, _, seconds in planned)
+    assert 0 < total <= acceptance.BUDGET_S
+    grade = dict((name, argv) for name, argv, _ in planned)["grade against nvidia-h200-x1"]
+    assert grade[grade.index("--profile") + 1] == str(tmp_path / "profiles" / "nvidia-h200-x1.toml")
+
+
+def test_acceptance_dry_run_prints_every_step_with_its_seconds_and_starts_nothing(capsys, tmp_path, monkeypatch):
+    from harness import acceptance, cli
+
+    monkeypatch.setattr(acceptance, "visible_gpus", lambda: {"count": 0, "models": [], "driver": None})
+    monkeypatch.setattr(acceptance, "horovod_with_nccl", lambda: (False, "Horovod was built without NCCL"))
+    assert cli.main(["acceptance", "--dry-run", "--results", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    for row in acceptance.planned_rows(False):
+        assert f"plan row {row} " in out
+    assert "horovod ws=1 SKIPPED" in out and "calibrate nvidia-h200-x1" in out and "grade against" in out
+    total = float(out.split("expected total ")[1].split()[0])
+    assert total <= acceptance.BUDGET_S
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(("torch_version", "wheel", "message"), [
+    ("2.11.0+cu130", False, "no distlab wheel in"),
+    ("2.10.1+cu128", True, "torch 2.10.1 is older than 2.11"),
+])
+def test_the_offline_gpu_acceptance_refuses_in_one_line(torch_version, wheel, message, tmp_path):
+    """docker/gpu-acceptance.sh before it installs anything: the wheels from `make gpu-wheels`, a torch
+    recent enough (a stand-in torch package gives the version)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "stub" / "torch").mkdir(parents=True)
+    (tmp_path / "stub" / "torch" / "__init__.py").write_text(f"__version__ = {torch_version!r}\n")
+    (tmp_path / "wheels").mkdir()
+    if wheel:
+        (tmp_path / "wheels" / "distlab-0.1.0-py3-none-any.whl").write_text("")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "stub"), "PYTHON": sys.executable,
+           "WHEELS": str(tmp_path / "wheels"), "VENV": str(tmp_path / "venv")}
+    done = subprocess.run([str(REPO / "docker" / "gpu-acceptance.sh"), "--dry-run"], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "venv").exists()
