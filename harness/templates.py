@@ -71,6 +71,8 @@ def _check(name: str, shape: JobShape) -> None:
                             f"{shape.gpus_per_node}: NCCL needs a GPU per rank")
     if name.startswith("k8s") and not shape.gpus_per_node:
         raise TemplateError(f"{name} asks for nvidia.com/gpu; give --gpus-per-node N (CPU pods: not supported)")
+    if name.startswith("k8s") and shape.ranks_per_node not in (0, shape.gpus_per_node):
+        raise TemplateError(f"{name} starts one rank per GPU; leave out --ranks-per-node")
     from harness.launchers import harness_flag
 
     for arg in shape.lab_args:

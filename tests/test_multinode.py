@@ -147,6 +147,7 @@ def test_the_template_backend_follows_the_nodes(argv, backend, capsys):
     (["slurm-mpi", "--lab", "ddp", "--gpus-per-node", "0", "--backend", "nccl"], "--backend nccl needs GPUs"),
     (["slurm-torchrun", "--gpus-per-node", "2", "--ranks-per-node", "4", "--backend", "nccl"], "a GPU per rank"),
     (["k8s-pytorchjob", "--gpus-per-node", "0"], "give --gpus-per-node N"),
+    (["k8s-mpijob", "--lab", "horovod", "--gpus-per-node", "4", "--ranks-per-node", "2"], "one rank per GPU"),
     (["slurm-torchrun", "--gpus-per-node", "-1"], "-1 is less than 0"),
 ])
 def test_a_template_that_cannot_run_is_refused_in_one_line(argv, message, capsys, tmp_path):

@@ -141,22 +141,26 @@ def test_slurm_mpi_starts_the_ranks_with_srun_and_pmix(tmp_path, lab, backend, l
 @pytest.mark.integration
 @cluster
 def test_distlab_grade_runs_its_cells_as_a_slurm_job_array(tmp_path):
+    """cpu-smoke's ddp at 1 and 2 ranks: two cells, each an array task that runs the plain loop
+    before the lab and observes the lab's ranks; judged together (accuracy and speed-up across the
+    world sizes) where the grade was submitted."""
     results = tmp_path / "results"
-    argv = [str(Path(BIN) / "distlab"), "grade", "--profile", "cpu-smoke", "--labs", "check", "--world-sizes", "1,2",
+    argv = [str(Path(BIN) / "distlab"), "grade", "--profile", "cpu-smoke", "--labs", "ddp", "--world-sizes", "1,2",
             "--results", str(results), "--slurm", "--json"]
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
     dry = subprocess.run([*argv, "--dry-run"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert dry.returncode == 0, dry.stderr
-    assert "#SBATCH --array=0-1" in dry.stdout and "task 1: check at world size 2" in dry.stdout
+    assert "#SBATCH --array=0-1" in dry.stdout and "task 1: ddp at world size 2" in dry.stdout
     done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=JOB_LIMIT_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads(done.stdout)
-    assert summary["runs"] == 2 and summary["failed"] == 0, summary
+    assert (summary["runs"], summary["reference_runs"], summary["failed"]) == (2, 2, 0), summary
     (folder,) = [p for p in (results / "grade-slurm").iterdir() if (p / "sacct.json").exists()]
     states = json.loads((folder / "sacct.json").read_text())
     assert [(states[i]["State"], states[i]["ExitCode"]) for i in ("0", "1")] == [("COMPLETED", "0:0")] * 2, states
-    # Each cell's run came from a task: its run directory names the node's work, under the shared results.
-    assert len(list(results.glob("check/*/run.json"))) == 2
+    # The runs the tasks made, under the shared results, each observed on its node.
+    assert len(list(results.glob("ddp/*/run.json"))) == 2
+    assert len(list(results.glob("ddp/*-ws2-*/observe/rank.*.json"))) == 2
 
 
 # --- without a cluster ----------------------------------------------------------------------------
