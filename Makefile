@@ -24,7 +24,7 @@ DRY_RUN ?= $(if $(findstring n,$(firstword -$(MAKEFLAGS))),1)
 export RUNTIME ENGINE GPUS NP BACKEND LAB_ARGS DRY_RUN
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint grade grade-smoke grade-gpu gpu-acceptance gpu-wheels doctor data calibrate bench-train bench-allreduce \
+.PHONY: help setup test lint grade grade-smoke grade-gpu gpu-acceptance gpu-wheels doctor data calibrate bench-train bench-allreduce bench-verdict \
         image image-cpu image-test gpu clean
 
 help: ## list every target with one line
@@ -72,6 +72,9 @@ bench-train: $(NOX) ## training-path benchmark: baseline vs in-memory loop, DDP/
 
 bench-allreduce: $(NOX) ## allreduce_bench vs the tightest plain loop of each library
 	$(NOX) -s "bench(what='allreduce')"
+
+bench-verdict: $(NOX) ## a copy of the DDP lab and its twice-slower mutant graded 10 times each beside two busy processes
+	$(NOX) -s "bench(what='verdict')"
 
 lab-%: ## run one lab: GPUS=N GPUs or NP=N CPU ranks, in the image or RUNTIME=local (make lab-ddp GPUS=2)
 	+@MAKE='$(MAKE)' docker/run-lab.sh lab $*

@@ -202,6 +202,8 @@ def cmd_completion(args: argparse.Namespace, lab_args: list[str]) -> int:
 def cmd_bench(args: argparse.Namespace, lab_args: list[str]) -> int:
     if args.what == "train":
         from harness.bench_train import main as bench
+    elif args.what == "verdict":
+        from harness.bench_verdict import main as bench
     else:
         from harness.bench_collectives import main as bench
     return bench(lab_args)
@@ -244,7 +246,8 @@ EXAMPLES = {
   distlab template k8s-mpijob --lab horovod --nodes 2""",
     "doctor": "examples:\n  distlab doctor\n  distlab doctor --json",
     "data": "examples:\n  distlab data --data-dir data",
-    "bench": "examples:\n  distlab bench train -- --repeats 3\n  distlab bench allreduce -- --world-size 2",
+    "bench": "examples:\n  distlab bench train -- --repeats 3\n  distlab bench allreduce -- --world-size 2\n"
+             "  distlab bench verdict -- --grades 10 --load 2",
     "acceptance": "examples:\n  distlab acceptance                      # every GPU this host shows\n"
                   "  CUDA_VISIBLE_DEVICES=0,1 distlab acceptance",
     "plan": "examples:\n  distlab plan --params 7e9 --gpus 8 --gpu-memory 80GB --optimizer adam --precision bf16\n"
@@ -375,7 +378,7 @@ def build_parser() -> Parser:
 
     bench = command("bench", help="benchmarks that print ratios measured side by side",
                     description="Arguments after -- go to the benchmark.")
-    bench.add_argument("what", choices=["train", "allreduce"])
+    bench.add_argument("what", choices=["train", "allreduce", "verdict"])
     bench.set_defaults(func=cmd_bench)
 
     acceptance = command("acceptance", help="a fresh GPU host, end to end: every lab on NCCL, calibrate, grade",

@@ -237,5 +237,9 @@ def test_a_distributed_lab_takes_every_step_in_its_own_file(lab, steps):
     missing = [step for step in steps if step not in made]
     assert not missing, f"labs/{lab}/train.py main() does not call {missing}"
     assert sorted(steps, key=made.index) == steps
-    assert list(functions(lab)[1]) == list(functions("baseline")[1])
+    # The one function a lab may add: Horovod's build_model (SyncBatchNorm made before the model moves
+    # to its device, the model kept contiguous for Horovod), tested on its own in tests/test_gpu_path.py.
+    added = {"horovod": ["build_model"]}.get(lab, [])
+    assert [f for f in functions(lab)[1] if f not in added] == list(functions("baseline")[1])
+    assert all(f in functions(lab)[1] for f in added)
 
