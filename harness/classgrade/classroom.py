@@ -152,8 +152,8 @@ def _sandbox_refusal() -> str | None:
 class Pool:
     """Up to `size` jobs at once, each a process; a slot (uid, GPUs) per running job."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, sandboxed: bool) -> None:
+        self.size, self.sandboxed = size, sandboxed
         self.running: dict[int, tuple[subprocess.Popen[bytes], str]] = {}  # slot -> (process, id)
 
     def free_slot(self) -> int | None:
@@ -187,6 +187,8 @@ class Pool:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+        for slot in self.running if self.sandboxed else ():  # a job killed before its own sweep leaves its sandbox to ours
+            sandbox.end_processes_of(sandbox.FIRST_UID + slot)
         self.running.clear()
 
 
@@ -322,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"distlab grade-class: {len(students)} submission(s), {len(todo)} to grade, {size} at once"
                   f"{'' if sandboxed else ' WITHOUT the sandbox'}; {class_dir}", markup=False)
     started, interrupted = time.monotonic(), None
-    pool = Pool(size)
+    pool = Pool(size, sandboxed)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         queue = list(todo)

@@ -180,6 +180,8 @@ def run_job(job_path: Path) -> int:
         if cgroup is not None:
             peak = cgroup.peak_memory()
             cgroup.remove()
+        if job["sandboxed"]:
+            sandbox.end_processes_of(sandbox.FIRST_UID + job["slot"])  # nothing of it outlives the job
     program_runs = _program_runs(done)
     if monitor is not None and any("timed out after" in (s.reason or "") for runs in done.values()
                                    for s in runs):

@@ -38,6 +38,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
+
 HERE = Path(__file__).resolve()
 INSTALL_HINT = "install bubblewrap (`apt-get install bubblewrap`, or `make setup` as root), or pass --no-sandbox"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -305,6 +307,24 @@ def enter(argv: list[str]) -> None:
         os.chown(folder, spec.uid, spec.uid)  # the launcher's logs and the observer's files are written there
     tool = shutil.which("bwrap") or "bwrap"
     os.execv(tool, bwrap_argv(spec, run_dir, command, tool))
+
+
+def end_processes_of(uid: int, within_s: float = 60.0) -> list[int]:
+    """SIGKILL every process running as a job's uid until none is left; the pids still there after
+    `within_s`. The uid is the job's alone, so this reaches what the run's own stop cannot: bwrap
+    starts its command in a new session and pid namespace, and when bwrap dies first its namespace
+    is torn down by the kernel a moment later, not at once."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = []
+        for proc in psutil.process_iter(["uids"]):
+            if proc.info["uids"] is not None and proc.info["uids"].real == uid:
+                left.append(proc.pid)
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.05)
 
 
 # --------------------------------------------------------------------------------- watching a job
