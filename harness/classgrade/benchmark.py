@@ -25,6 +25,7 @@ from pathlib import Path
 from harness.catalog import REPO
 
 DISTLAB = str(Path(sys.executable).parent / "distlab")
+OUTPUT_GIB = 1.0  # the course lab saves a checkpoint (ResNet-18 and its momentum: ~90 MB) in each run
 
 
 def _load_test_module(name: str):  # the test suite's own profile, rubric and mutants: one definition
@@ -63,7 +64,8 @@ def grade(folder: Path, subs: Path, results: str, *extra: str) -> float:
     graded = _load_test_module("test_grade_class")
     started = time.monotonic()
     done = subprocess.run([DISTLAB, "grade-class", str(subs), "--lab", "ddp", "--profile",
-                           str(graded.class_profile(folder)), "--rubric", str(graded.class_rubric(folder, wall_s=120)),
+                           str(graded.class_profile(folder)), "--rubric",
+                           str(graded.class_rubric(folder, wall_s=120, output_gib=OUTPUT_GIB)),
                            "--results", str(folder / results), *extra], capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"grade-class failed ({done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}")

@@ -18,7 +18,6 @@ writes its own part, and a run resumes them at any world size.
 import argparse
 import gc
 import shutil
-import time
 from pathlib import Path
 
 import torch
@@ -36,6 +35,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from labs.common import timing
 from labs.common.contract import add_contract_args, lab_run
 from labs.common.models_small import BlockStack, parameter_count, synthetic_batch, tensor_bytes
 from labs.common.process_group import init_torch_distributed
@@ -116,7 +116,7 @@ def main(argv=None):
             torch.cuda.reset_peak_memory_stats(device)
         meter = MemoryMeter(model, optimizer, args.strategy)
         per_rank = args.global_batch // world_size
-        losses, started = [], time.perf_counter()
+        losses, started = [], timing.now(device)
         for step in range(first_step, args.steps):
             inputs, labels = synthetic_batch(step, args.global_batch, args.dim, args.classes)
             mine = slice(rank * per_rank, (rank + 1) * per_rank)  # this rank's share of the global batch
@@ -126,8 +126,9 @@ def main(argv=None):
             optimizer.step()  # ZeRO-1 then broadcasts each updated parameter from the rank that owns it
             meter.sample()  # the steady state: parameters, gradients and optimizer state all present, last
             optimizer.zero_grad(set_to_none=True)
-            losses.append(average(loss.detach(), world_size))
-        seconds = time.perf_counter() - started
+            losses.append(loss.detach())  # no .item() per step: on a GPU it would wait for the queue each step
+        seconds = timing.now(device) - started  # once the device has finished the steps' work
+        losses = average(losses, world_size)
 
         if args.checkpoint:
             save_checkpoint(args.checkpoint, model, optimizer, args.strategy, args.steps, topology)
@@ -208,9 +209,13 @@ def wrap(model, args, device, world_size):
     return model, torch.optim.Adam(model.parameters(), lr=args.lr)
 
 
-def average(loss, world_size):
-    dist.all_reduce(loss)
-    return loss.item() / world_size
+def average(losses, world_size):
+    """Each step's loss averaged over the ranks: one all-reduce for all steps, after the timed loop."""
+    if not losses:
+        return []
+    summed = torch.stack(losses)
+    dist.all_reduce(summed)
+    return (summed / world_size).tolist()
 
 
 # ------------------------------------------------------------------------------------------- memory
