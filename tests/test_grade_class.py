@@ -76,6 +76,15 @@ def class_rubric(folder: Path, wall_s: float = WALL_S, output_gib: float = 1 / 1
     return path
 
 
+def job_uids(class_dir: Path) -> set[int]:
+    """The uids the class's jobs ran as (each claimed its own: other graders on the host have others)."""
+    return {json.loads(spec.read_text())["uid"] for spec in class_dir.glob("jobs/*/sandbox.json")}
+
+
+def processes_of(uids: set[int]) -> list[int]:
+    return [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
+
+
 def grade_class(submissions: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     return run_distlab(["grade-class", str(submissions), "--lab", "ddp", *args], timeout=timeout)
 
@@ -179,9 +188,9 @@ def test_the_graders_files_and_the_machine_are_left_as_they_were(graded):
     assert hashlib.sha256((REPO / "harness/verdicts.py").read_bytes()).hexdigest() == graded["harness_before"]
     assert "every verdict passes" not in (graded["class_dir"] / "gradebook.csv").read_text()
     # Every process of the sandboxes ended (the fork bomb's too); the cgroups are gone.
-    uids = range(sandbox.FIRST_UID, sandbox.FIRST_UID + 2)
-    left = [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
-    assert left == [], left
+    uids = job_uids(graded["class_dir"])
+    assert len(uids) >= 2  # each job its own uid (several jobs, two at once)
+    assert processes_of(uids) == []
     assert not list(Path("/sys/fs/cgroup/pids/distlab").glob("*-fork-bomb"))
     # The disk filler was stopped near its limit: 64 MiB, and what two ranks write in one look of the monitor.
     filled = sandbox.folder_bytes(graded["class_dir"] / "jobs/fills-disk")
@@ -238,8 +247,7 @@ def test_a_class_stopped_by_sigterm_resumes_where_it_stopped(tmp_path):
     assert grader.returncode in (130, 143), output
     assert not (class_dir / "jobs/a-sleeper/observations.json").exists()
     assert not (class_dir / "jobs/b-network").exists()
-    left = [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == sandbox.FIRST_UID]
-    assert left == [], left
+    assert processes_of(job_uids(class_dir)) == []
     again = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "2 to grade" in again.stdout
@@ -294,3 +302,16 @@ def test_without_bubblewrap_the_class_grade_refuses_in_one_line_naming_the_insta
     assert "apt-get install bubblewrap" in sandbox.available() and "--no-sandbox" in sandbox.available()
     done = run_distlab(["grade-class", str(tmp_path / "missing"), "--lab", "ddp"])
     assert done.returncode == 2 and "does not exist" in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the uid claims live in a root-only folder")
+def test_jobs_at_once_never_share_a_uid():
+    first, held = sandbox.claim_uid()
+    second, other = sandbox.claim_uid()
+    try:
+        assert first != second  # another grader's job, or a test worker's, gets another uid
+        assert sandbox._lock(first) is None  # claimed: no other job gets it while its holder runs
+        sandbox.end_processes_if_unclaimed(first)  # and a sweep after a kill leaves a claimed uid alone
+    finally:
+        os.close(held)
+        os.close(other)

@@ -150,11 +150,12 @@ def _sandbox_refusal() -> str | None:
 
 
 class Pool:
-    """Up to `size` jobs at once, each a process; a slot (uid, GPUs) per running job."""
+    """Up to `size` jobs at once, each a process; a slot (its GPUs) per running job; each job claims its own uid."""
 
     def __init__(self, size: int, sandboxed: bool) -> None:
         self.size, self.sandboxed = size, sandboxed
         self.running: dict[int, tuple[subprocess.Popen[bytes], str]] = {}  # slot -> (process, id)
+        self.folders: dict[int, Path] = {}  # slot -> the running job's folder
 
     def free_slot(self) -> int | None:
         return next((slot for slot in range(self.size) if slot not in self.running), None)
@@ -165,6 +166,7 @@ class Pool:
                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
                                        env=env, start_new_session=True)
         self.running[slot] = (process, student)
+        self.folders[slot] = job_path.parent
 
     def finished(self) -> list[tuple[str, int]]:
         ended = []
@@ -187,8 +189,11 @@ class Pool:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
-        for slot in self.running if self.sandboxed else ():  # a job killed before its own sweep leaves its sandbox to ours
-            sandbox.end_processes_of(sandbox.FIRST_UID + slot)
+        # A job killed before its own sweep leaves its sandbox's processes to ours.
+        for slot in self.running if self.sandboxed else ():
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                spec = json.loads((self.folders[slot] / "sandbox.json").read_text())
+                sandbox.end_processes_if_unclaimed(spec["uid"])
         self.running.clear()
 
 

@@ -5,6 +5,7 @@ verdicts), with each run's launcher inside the job's sandbox (sandbox.py). Whate
 observed is stored in the job's folder before anything is concluded from it:
 
     <job>/job.json           what to grade: the submission, the lab, the profile, the limits, the slot
+    <job>/sandbox.json       the sandbox it ran in (its uid, binds, limits)
     <job>/runs/              every run directory (the course lab's beside the program's)
     <job>/observations.json  every run as the grader saw it (Samples), the sandbox's account; written last
     <job>/stdout.log         the job's own output
@@ -158,9 +159,11 @@ def run_job(job_path: Path) -> int:
     limits = sandbox.Limits(**job["limits"])
     cgroup = monitor = None
     prefix: list[str] = []
+    uid = claim = None
     if job["sandboxed"]:
+        uid, claim = sandbox.claim_uid()  # held until this process ends: the uid is this job's alone
         cgroup = sandbox.Cgroup.create(f"{job['class_id']}-{job['id']}", limits)
-        spec = sandbox.Spec(uid=sandbox.FIRST_UID + job["slot"], limits=dataclasses.asdict(limits),
+        spec = sandbox.Spec(uid=uid, limits=dataclasses.asdict(limits),
                             read_only=sandbox.base_read_only() + job.get("data", []), hidden=job["hidden"],
                             own=[job["submission"]], cgroup_procs=cgroup.procs_files() if cgroup else [],
                             gpus=job.get("gpus"))
@@ -180,8 +183,9 @@ def run_job(job_path: Path) -> int:
         if cgroup is not None:
             peak = cgroup.peak_memory()
             cgroup.remove()
-        if job["sandboxed"]:
-            sandbox.end_processes_of(sandbox.FIRST_UID + job["slot"])  # nothing of it outlives the job
+        if uid is not None:
+            sandbox.end_processes_of(uid)  # nothing of it outlives the job
+            os.close(claim)
     program_runs = _program_runs(done)
     if monitor is not None and any("timed out after" in (s.reason or "") for runs in done.values()
                                    for s in runs):

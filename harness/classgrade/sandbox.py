@@ -27,6 +27,7 @@ It needs the standard library only.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -43,7 +44,12 @@ import psutil
 HERE = Path(__file__).resolve()
 INSTALL_HINT = "install bubblewrap (`apt-get install bubblewrap`, or `make setup` as root), or pass --no-sandbox"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-FIRST_UID = 20000  # job slot k runs as uid/gid FIRST_UID + k: no two jobs running at once share one
+FIRST_UID = 20000  # each job runs as a uid/gid of its own from here up, claimed for as long as it runs
+UIDS = 1000
+# Every grader on the host claims its jobs' uids here (a lock per uid, held by the job's process):
+# two class grades at once, a test suite's workers among them, never share one, and ending one
+# job's processes by uid never reaches another's.
+UID_LOCKS = Path("/run/lock" if os.path.isdir("/run/lock") else "/tmp") / "distlab-sandbox-uids"
 GIB = 1 << 30
 
 
@@ -307,6 +313,38 @@ def enter(argv: list[str]) -> None:
         os.chown(folder, spec.uid, spec.uid)  # the launcher's logs and the observer's files are written there
     tool = shutil.which("bwrap") or "bwrap"
     os.execv(tool, bwrap_argv(spec, run_dir, command, tool))
+
+
+def _lock(uid: int) -> int | None:
+    UID_LOCKS.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(UID_LOCKS / f"{uid}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except BlockingIOError:
+        os.close(fd)
+        return None
+
+
+def claim_uid() -> tuple[int, int]:
+    """A uid no other job on this host runs as, and the lock that holds it (released when the fd is
+    closed or the holder dies: a crashed grader frees its uids)."""
+    for uid in range(FIRST_UID, FIRST_UID + UIDS):
+        fd = _lock(uid)
+        if fd is not None:
+            return uid, fd
+    raise RuntimeError(f"every sandbox uid from {FIRST_UID} to {FIRST_UID + UIDS - 1} is in use by a running job")
+
+
+def end_processes_if_unclaimed(uid: int) -> None:
+    """After a job was killed before its own sweep: end what is left of its uid, unless another job
+    has claimed the uid since (then its processes are that job's)."""
+    fd = _lock(uid)
+    if fd is not None:
+        try:
+            end_processes_of(uid)
+        finally:
+            os.close(fd)
 
 
 def end_processes_of(uid: int, within_s: float = 60.0) -> list[int]:
