@@ -207,7 +207,7 @@ def horovod_nccl(session: nox.Session) -> None:
 @nox.session(venv_backend="none", requires=["env"], default=False)
 def robustness(session: nox.Session) -> None:
     """A profile graded under nine conditions (kernels, seeds, threads, load); the smallest margin per check."""
-    _run_in_env(session, "python", "-m", "harness.robustness", *session.posargs)
+    _run_in_env(session, "python", "-m", "harness.commands.robustness", *session.posargs)
 
 
 @nox.session(venv_backend="none", requires=["env"], default=False)

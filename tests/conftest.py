@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from harness.record import validate
+from harness.run.record import validate
 
 DISTLAB = str(Path(sys.executable).parent / "distlab")
 

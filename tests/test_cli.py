@@ -4,9 +4,10 @@ import os
 
 import pytest
 
-from harness import cli, usage
-from harness import request as requests
-from harness.runner import RunResult
+from harness import usage
+from harness.commands import cli
+from harness.run import request as requests
+from harness.run.state import RunResult
 
 
 @pytest.mark.parametrize(("argv", "message"), [

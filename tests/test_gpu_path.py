@@ -285,8 +285,8 @@ def test_the_nccl_build_links_nccl_and_says_so(tmp_path):
 
 @pytest.mark.parametrize("horovod", [True, False])
 def test_the_one_gpu_plan_runs_every_nccl_lab_and_two_ranks_over_gloo_on_the_gpu(horovod, tmp_path):
-    from harness import acceptance
-    from harness.profiles import load_profile
+    from harness.commands import acceptance
+    from harness.verdict.profiles import load_profile
 
     path = tmp_path / "plan.toml"
     path.write_text(acceptance.one_gpu_plan(horovod))
@@ -307,7 +307,7 @@ def test_the_one_gpu_plan_runs_every_nccl_lab_and_two_ranks_over_gloo_on_the_gpu
 
 @pytest.mark.parametrize("horovod", [(True, "built with NCCL"), (False, "Horovod was built without NCCL")])
 def test_the_one_gpu_acceptance_fits_its_budget_and_names_a_skipped_horovod(horovod, tmp_path):
-    from harness import acceptance
+    from harness.commands import acceptance
 
     planned = acceptance.one_gpu_steps("NVIDIA H200", tmp_path, horovod)
     names = [name for name, _, _ in planned]
@@ -321,7 +321,7 @@ def test_the_one_gpu_acceptance_fits_its_budget_and_names_a_skipped_horovod(horo
 
 
 def test_acceptance_dry_run_prints_every_step_with_its_seconds_and_starts_nothing(capsys, tmp_path, monkeypatch):
-    from harness import acceptance, cli
+    from harness.commands import acceptance, cli
 
     monkeypatch.setattr(acceptance, "visible_gpus", lambda: {"count": 0, "models": [], "driver": None})
     monkeypatch.setattr(acceptance, "horovod_with_nccl", lambda: (False, "Horovod was built without NCCL"))

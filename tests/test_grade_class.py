@@ -26,9 +26,9 @@ import tomli_w
 from conftest import DISTLAB, run_distlab
 
 from harness.classgrade import classroom, rubric, sandbox
-from harness.profiles import tomllib
 from harness.usage import UsageError
-from harness.verdicts import Verdict
+from harness.verdict.profiles import tomllib
+from harness.verdict.verdicts import Verdict
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = REPO / "tests/submissions"
@@ -118,7 +118,7 @@ def graded(tmp_path_factory):
     (submissions / "carol").mkdir()  # a wrong layout: two programs, neither train.py
     for name in ("a.py", "b.py"):
         (submissions / "carol" / name).write_text("print('hello')\n")
-    harness_before = hashlib.sha256((REPO / "harness/verdicts.py").read_bytes()).hexdigest()
+    harness_before = hashlib.sha256((REPO / "harness/verdict/verdicts.py").read_bytes()).hexdigest()
     profile, the_rubric = class_profile(folder), class_rubric(folder)
     done = grade_class(submissions, "--profile", str(profile), "--rubric", str(the_rubric), "--jobs", "2",
                        "--results", str(folder / "results"))
@@ -174,7 +174,7 @@ def test_unused_parameters_are_named_from_ddps_own_error_with_their_lesson(grade
 @pytest.mark.integration
 @the_class
 def test_the_graders_files_and_the_machine_are_left_as_they_were(graded):
-    assert hashlib.sha256((REPO / "harness/verdicts.py").read_bytes()).hexdigest() == graded["harness_before"]
+    assert hashlib.sha256((REPO / "harness/verdict/verdicts.py").read_bytes()).hexdigest() == graded["harness_before"]
     assert "every verdict passes" not in (graded["class_dir"] / "gradebook.csv").read_text()
     # Every process of the sandboxes ended (the fork bomb's too); the cgroups are gone.
     uids = range(sandbox.FIRST_UID, sandbox.FIRST_UID + 2)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from harness import cli, predict
-from harness.predict import Host, Link, Step
+from harness.commands import cli, predict
+from harness.commands.predict import Host, Link, Step
 from harness.usage import UsageError
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -15,10 +15,10 @@ import json
 import os
 from pathlib import Path
 
-from harness import grade
-from harness.cli import build_parser
-from harness.launchers import Failure
-from harness.runner import RunResult
+from harness.commands import grade
+from harness.commands.cli import build_parser
+from harness.run.launchers import Failure
+from harness.run.state import RunResult
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "replay"
 EXPECTED = FIXTURE / "expected_verdicts.json"
@@ -56,7 +56,7 @@ def replay(results: Path) -> bytes:
             for run_dir in runs["references"].get(cell, []):
                 references.setdefault((lab, ws), []).append(grade.timed(stored_result(run_dir), reference[0].metric))
             for run_dir in runs["done"][cell]:
-                done.setdefault((lab, ws), []).append(grade.observe(
+                done.setdefault((lab, ws), []).append(grade.observed_sample(
                     stored_result(run_dir), grade_plan.profile.labs[lab], grade_plan.request(lab, ws), evaluator))
 
     args = build_parser().parse_args([*runs["args"], "--results", str(results)])

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import cli, scale, stats
-from harness import record as records
+from harness.commands import cli, scale
+from harness.run import record as records
 from harness.usage import UsageError
+from harness.verdict import stats
 from labs.common.host import gpu_count
 
 # --------------------------------------------------------------------------------- the arithmetic

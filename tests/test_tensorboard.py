@@ -1,4 +1,4 @@
-"""TensorBoard event files from a run's per-epoch metrics (harness/tensorboard.py, distlab[tensorboard]).
+"""TensorBoard event files from a run's per-epoch metrics (harness/run/tensorboard.py, distlab[tensorboard]).
 
 The event files are read back with TensorBoard's own EventAccumulator: every metric of every epoch
 is there with its value, nothing else is, and without the extra nothing is written and nothing fails.
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import runner, tensorboard
-from harness.runner import RunRequest, write_epochs_csv
+from harness.run import runner, tensorboard
+from harness.run.epochs import write_epochs_csv
+from harness.run.request import RunRequest
 
 NEEDS_EXTRA = pytest.mark.skipif(not tensorboard.available(),
                                  reason="tensorboard is not installed: pip install 'distlab[tensorboard]'")
