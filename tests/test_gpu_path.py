@@ -24,7 +24,7 @@ import torch
 from conftest import run_lab
 
 from harness.catalog import LABS, backend_for
-from labs.common import host, timing, training
+from labs.common import flags, host, models, timing
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDER = REPO / "tests" / "programs" / "device_recorder.py"
@@ -68,9 +68,9 @@ def test_cuda_asked_for_shares_the_gpus_and_cpu_is_the_cpu():
 def _training_args(*argv):
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true")
-    training.add_training_args(parser)
+    flags.add_training_args(parser)
     args = parser.parse_args(["--smoke", *argv])
-    training.resolve_training_args(parser, args)
+    flags.resolve_training_args(parser, args)
     return args
 
 
@@ -90,7 +90,7 @@ def test_a_training_lab_on_auto_follows_the_rule_for_its_launcher(gpus, local_wo
         assert args.channels_last == (device == "cuda")  # channels_last only where the model is on a GPU
         if device == "cuda":
             monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-            assert training.pick_device(args, rank) == torch.device("cuda", rank)
+            assert models.pick_device(args, rank) == torch.device("cuda", rank)
 
 
 def test_cuda_asked_for_with_more_ranks_than_gpus_shares_them(monkeypatch):
@@ -98,7 +98,7 @@ def test_cuda_asked_for_with_more_ranks_than_gpus_shares_them(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     args = argparse.Namespace(device="cuda")
-    assert [training.pick_device(args, r) for r in (0, 1)] == [torch.device("cuda", 0)] * 2
+    assert [models.pick_device(args, r) for r in (0, 1)] == [torch.device("cuda", 0)] * 2
 
 
 # ------------------------------------------------------------------------------------------ the clocks
@@ -110,7 +110,7 @@ def test_a_reading_on_a_cuda_device_waits_for_it_and_one_on_the_cpu_does_not(mon
     timing.now(torch.device("cpu"))
     assert synced == []
     timing.now(torch.device("cuda", 1))
-    training.TrainClock(torch.device("cuda", 1)).start_epoch()
+    timing.TrainClock(torch.device("cuda", 1)).start_epoch()
     assert synced == [torch.device("cuda", 1)] * 2
 
 

@@ -93,14 +93,14 @@ def test_each_rank_drives_the_gpu_of_its_local_rank(monkeypatch):
 
     import torch
 
-    from labs.common import training
+    from labs.common import models
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     for local_rank in (0, 5, 7):
-        assert training.pick_device(argparse.Namespace(device="cuda"), local_rank) == torch.device("cuda", local_rank)
-    assert training.pick_device(argparse.Namespace(device="cpu"), 5) == torch.device("cpu")
+        assert models.pick_device(argparse.Namespace(device="cuda"), local_rank) == torch.device("cuda", local_rank)
+    assert models.pick_device(argparse.Namespace(device="cpu"), 5) == torch.device("cpu")
 
 
 @pytest.mark.skipif(any(os.path.exists(p) for p in host.GPU_DRIVER_PATHS), reason="this host has a GPU driver")

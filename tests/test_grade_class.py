@@ -81,7 +81,7 @@ def grade_class(submissions: Path, *args: str, timeout: float = 900) -> subproce
 # The lecture's third pitfall as a mutant of the course lab: a branch of the model no step uses. DDP
 # stops at the second step ("Expected to have finished reduction in the prior iteration ..."), and the
 # feedback names the lesson from that message.
-MODEL = "        model = training.build_model(args.stem).to(device)\n"
+MODEL = "        model = models.build_model(args.stem).to(device)\n"
 UNUSED = [(MODEL, MODEL + "        model.aux_head = torch.nn.Linear(10, 10).to(device)  # a branch no step uses\n")]
 
 

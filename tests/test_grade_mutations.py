@@ -26,8 +26,8 @@ SAMPLER = ("sampler = DistributedSampler(train_set, num_replicas=topology.world_
 NO_SYNC = "with model.no_sync() if i < args.accumulate - 1 else nullcontext():"
 RANK0_SAVES = "if topology.is_rank0:  # the replicas are identical: one writer is enough"
 CHECKS = "img_per_sec = replicas.check_replicas(record, reports, len(train_set), global_batch, first_epoch)"
-REPORT = "training.report(record, history, clock, args, lr, global_batch, img_per_sec)"
-DATA = "train_set, test_set = training.load_datasets(args)"
+REPORT = "timing.report(record, history, clock, args, lr, global_batch, img_per_sec)"
+DATA = "train_set, test_set = data.load_datasets(args)"
 AVERAGE_BUFFERS = "replicas.average_buffers(model.module, dist.all_reduce, topology.world_size)"
 
 # row -> (the change, as (old, new) pairs; {each verdict that must fail: words its detail must hold}).

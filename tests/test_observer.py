@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 OBSERVER = REPO / "harness" / "on_ranks" / "observer"
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 300
-SMOKE_TRAIN_IMAGES = 256  # labs/common/training.py's SMOKE profile
+SMOKE_TRAIN_IMAGES = 256  # labs/common/flags.py's SMOKE profile
 
 
 def observed_env(observe_dir: Path | None, **extra: str) -> dict[str, str]:
@@ -136,10 +136,10 @@ def test_the_harness_times_training_after_the_warm_up_and_between_epochs_only(tm
                  "step_images": [8, 16, 24, 32, 40]},
                 {"started": 100.0, "step_times": [100 + scale * t for t in (2, 4, 6)], "step_images": [8, 16, 24]}]
 
-    observations = timed_epochs(tmp_path, {0: rank(1.0), 1: rank(0.5)})
-    assert observations.throughput(observations) == pytest.approx(4.0 + 8.0)
+    seen = timed_epochs(tmp_path, {0: rank(1.0), 1: rank(0.5)})
+    assert observations.throughput(seen) == pytest.approx(4.0 + 8.0)
     # Without a warm-up: from each epoch's start, 64 images in 7 + 6 s on rank 0, in 3.5 + 3 s on rank 1.
-    assert observations.throughput(observations, warmup_steps=0) == pytest.approx(64 / 13 + 64 / 6.5)
+    assert observations.throughput(seen, warmup_steps=0) == pytest.approx(64 / 13 + 64 / 6.5)
 
 
 def test_without_timed_training_there_is_no_throughput(tmp_path):
@@ -179,8 +179,8 @@ def test_divergent_batchnorm_statistics_are_named_with_the_lesson_and_not_called
     claims = by_name(data_parallel.compare_claims(record, checks, measured_accuracy=0.8516, accuracy_tolerance=0.004))
     # Its parameters are identical: that claim stands. Its buffers are not: that one is contradicted.
     assert set(claims) == {"claim:buffers_identical", "claim:final_accuracy"}
-    accuracy = claims["claim:final_accuracy"]
-    assert (accuracy.passed, accuracy.applicable) == (True, False) and "not comparable" in accuracy.detail
+    claim = claims["claim:final_accuracy"]
+    assert (claim.passed, claim.applicable) == (True, False) and "not comparable" in claim.detail
     # Parameters apart too: every replica claim and the accuracy are contradicted.
     (tmp_path / "params").mkdir()
     checks = replica_ranks(tmp_path / "params", {0: same, 1: apart}, params={1: "q" * 64})

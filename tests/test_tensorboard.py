@@ -47,7 +47,7 @@ def test_every_metric_of_every_epoch_is_a_scalar_read_back_with_its_value(tmp_pa
 @NEEDS_EXTRA
 def test_the_harness_writes_them_without_importing_torch(tmp_path):
     # After every run: importing torch for it cost the harness 1.4 s of CPU per run.
-    probe = ("import sys; from pathlib import Path; from harness import tensorboard; "
+    probe = ("import sys; from pathlib import Path; from harness.run import tensorboard; "
              f"tensorboard.write_epochs(Path(sys.argv[1]), {COLUMNS!r}, {ROWS!r}); print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "tensorboard")], capture_output=True,
                           text=True, timeout=120, check=True)

@@ -20,7 +20,7 @@ from harness.commands import bench_train
 from harness.observe import data_parallel, observations
 from harness.run.processes import run_processes
 from harness.run.record import validate
-from labs.common.training import build_model
+from labs.common.models import build_model
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -225,11 +225,11 @@ def calls(lab: str, function: str) -> list[str]:
 @pytest.mark.parametrize(("lab", "steps"), [
     # pytorch/examples' multigpu_torchrun.py, step for step.
     ("ddp", ["torch.cuda.set_device", "dist.init_process_group", "DistributedSampler", "DDP", "sampler.set_epoch",
-             "training.save_checkpoint", "dist.barrier", "dist.destroy_process_group"]),
+             "checkpoints.save_checkpoint", "dist.barrier", "dist.destroy_process_group"]),
     # Horovod's examples/pytorch/pytorch_mnist.py, step for step.
     ("horovod", ["hvd.init", "torch.cuda.set_device", "hvd.DistributedOptimizer", "hvd.broadcast_parameters",
                  "hvd.broadcast_optimizer_state", "DistributedSampler", "sampler.set_epoch",
-                 "training.save_checkpoint", "hvd.barrier", "hvd.shutdown"]),
+                 "checkpoints.save_checkpoint", "hvd.barrier", "hvd.shutdown"]),
 ])
 def test_a_distributed_lab_takes_every_step_in_its_own_file(lab, steps):
     # Each step where a student reads it (labs/TRAINING.md), in the tutorials' order, and the same

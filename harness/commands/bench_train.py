@@ -37,7 +37,7 @@ from harness.run.runner import run_lab
 from harness.verdict.references import REFERENCES
 
 NOISY_SPREAD = 1.10  # max/min of one kind's rounds above which the machine was too busy to trust the ratios
-TIMING_WARMUP_STEPS = 3  # as the labs: labs/common/training.py leaves the first 3 steps out of img_per_sec
+TIMING_WARMUP_STEPS = 3  # as the labs: labs/common/timing.py leaves the first 3 steps out of img_per_sec
 # (measurement, program, its backend: "{ddp_backend}" is nccl on GPUs, else gloo; whether the
 # harness's observer runs on its ranks, as it does in every graded run)
 KINDS = [

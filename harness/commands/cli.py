@@ -178,7 +178,7 @@ def cmd_doctor(args: argparse.Namespace, lab_args: list[str]) -> int:
 
 
 def cmd_data(args: argparse.Namespace, lab_args: list[str]) -> int:
-    from labs.common.training import fetch_cifar10
+    from labs.common.data import fetch_cifar10
 
     path = fetch_cifar10(args.data_dir)
     console.print(f"CIFAR-10 ready in {path}", markup=False)

@@ -2,7 +2,7 @@
 
 The observer saved rank 0's final model state (final_weights.pt) and its digest (rank.0.json).
 This loads that state, checks it is bitwise the observed one, builds the lab's model with the
-shared code of labs/common/training.py (never the lab's own file), and evaluates it on the test
+shared code of labs/common (flags, data, models: never the lab's own file), and evaluates it on the test
 set the lab's own flags describe, all of it in one pass and on one process.
 
     python -m harness.observe.accuracy --observe-dir RUN/observe -- --smoke --seed 0    # the lab's argv
@@ -109,7 +109,7 @@ def measure_accuracy(observe_dir: Path, lab_args: list[str]) -> dict[str, Any]:
     import torch
 
     from harness.on_ranks.observer.distlab_observer import state_digest
-    from labs.common import training
+    from labs.common import data, flags, models
     from labs.common.contract import add_contract_args
 
     rank0 = json.loads((observe_dir / "rank.0.json").read_text())
@@ -128,23 +128,23 @@ def measure_accuracy(observe_dir: Path, lab_args: list[str]) -> dict[str, Any]:
     # The lab's own data and model flags, parsed by the shared parser; the lab's other flags are ignored.
     parser = argparse.ArgumentParser(prog="lab", add_help=False)
     add_contract_args(parser, BACKENDS, default_backend="none")
-    training.add_training_args(parser)
+    flags.add_training_args(parser)
     args, _ = parser.parse_known_args(lab_args)
-    training.resolve_training_args(parser, args)
+    flags.resolve_training_args(parser, args)
 
-    model = training.build_model(args.stem)
+    model = models.build_model(args.stem)
     try:
         model.load_state_dict(state)
     except RuntimeError as error:
         return {"accuracy": None, "error": f"the final weights do not fit build_model({args.stem!r}): "
                                            f"{str(error).strip().splitlines()[0]}"}
-    device = training.pick_device(args)
+    device = models.pick_device(args)
     model = model.to(device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    _, test_set = training.load_datasets(args)
-    loader = training.test_loader(test_set, 4 * args.batch_size, args)  # the labs' evaluation batch
-    correct, total = training.count_correct(model, loader, training.make_precision(args, device), args,
+    _, test_set = data.load_datasets(args)
+    loader = data.test_loader(test_set, 4 * args.batch_size, args)  # the labs' evaluation batch
+    correct, total = models.count_correct(model, loader, models.make_precision(args, device), args,
                                             device).tolist()
     return {"accuracy": correct / total, "correct": int(correct), "total": int(total), "weights_sha256": found,
             "observed_sha256": observed, "device": str(device), "precision": args.precision,

@@ -11,7 +11,7 @@ Throughput, timed by the harness (`throughput`): on each rank, the images of the
 received after the run's first WARMUP_STEPS optimizer steps, over the time the training passes took
 from then (the first epoch from the end of step WARMUP_STEPS, each later one from its first draw
 from the loader) to their last step; the run's rate is the sum of the ranks' rates. This is the
-labs' own TrainClock rule (labs/common/training.py), measured from outside: the grade uses it, and a
+labs' own TrainClock rule (labs/common/timing.py), measured from outside: the grade uses it, and a
 record claiming much more is a contradicted claim (compare_claims).
 """
 

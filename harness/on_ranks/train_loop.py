@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from labs.common import training
+from labs.common import data, flags, models, optim, timing
 from labs.common.contract import add_contract_args, lab_run
 from labs.common.process_group import init_torch_distributed
 from labs.common.topology import detect_topology, say
@@ -40,10 +40,10 @@ TIMED_STEPS = 8  # as many as the smoke labs time, so the reference costs no mor
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_contract_args(parser, ["none", "gloo"], default_backend="none")
-    training.add_training_args(parser)
+    flags.add_training_args(parser)
     parser.add_argument("--steps", type=int, default=TIMED_STEPS, help="timed steps, after the untimed warm-up")
     args, _ = parser.parse_known_args(argv)  # a lab's other flags (faults, DDP options) mean nothing here
-    training.resolve_training_args(parser, args)
+    flags.resolve_training_args(parser, args)
     if args.steps < 1:
         parser.error("--steps must be at least 1")
     topology = detect_topology()
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     with lab_run("train_loop", args, topology) as record:
         if topology.world_size > 1:
             init_torch_distributed("gloo", topology, args.timeout)
-        device = training.pick_device(args, topology.local_rank)
+        device = models.pick_device(args, topology.local_rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
         seconds = in_memory_loop(args, device, dist.barrier if topology.world_size > 1 else (lambda: None))
@@ -71,18 +71,18 @@ def main(argv: list[str] | None = None) -> None:
 def in_memory_loop(args: argparse.Namespace, device: torch.device, together: Callable[[], None]) -> float:
     """Seconds of the timed steps (forward, backward and step on one resident batch, set up exactly as
     the labs set up theirs); together() is called just before they start, to line up the ranks."""
-    model = training.build_model(args.stem).to(device)
+    model = models.build_model(args.stem).to(device)
     model = model.to(memory_format=torch.channels_last) if args.channels_last else model
-    optimizer = training.make_optimizer(model, args.lr, args)
-    precision = training.make_precision(args, device)
+    optimizer = optim.make_optimizer(model, args.lr, args)
+    precision = models.make_precision(args, device)
     images = torch.randn(args.batch_size, 3, 32, 32, device=device)
     images = images.contiguous(memory_format=torch.channels_last) if args.channels_last else images
-    labels = torch.randint(0, training.CLASSES, (args.batch_size,), device=device)
+    labels = torch.randint(0, data.CLASSES, (args.batch_size,), device=device)
     model.train()
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     started = 0.0
-    for step in range(training.TIMING_WARMUP_STEPS + args.steps):
-        if step == training.TIMING_WARMUP_STEPS:  # the labs leave their first steps out of img_per_sec too
+    for step in range(timing.TIMING_WARMUP_STEPS + args.steps):
+        if step == timing.TIMING_WARMUP_STEPS:  # the labs leave their first steps out of img_per_sec too
             sync()
             together()
             started = time.perf_counter()

@@ -65,19 +65,19 @@ def account(run: PreparedRun, outcome: Outcome) -> RunResult:
             set_aside(record_path)
     rank0_elsewhere = (record is None and not reason and returncode == 0
                        and request.placement.get("nnodes", 1) > 1 and not os.path.lexists(record_path))
-    write_record = False
+    rewrite = False
     if rank0_elsewhere:
         # Rank 0 ran on another node and wrote the record there; this node's part went well.
         record_error = None
     elif record is None:
-        record, write_record = harness_record(request, reason or record_error or "no record"), True
+        record, rewrite = harness_record(request, reason or record_error or "no record"), True
     elif reason and not (record["status"] == "failed" and failure and failure.exit_code in (1, 2)):
         # The launcher's account comes first: when rank 1 dies, rank 0 typically fails too
         # ("connection reset", "Horovod has been shut down"), and that is a consequence.
         # Unless the ranks ended with the contract's own codes (1: a check failed, 2: bad input):
         # then the lab's reason is the cause, and the launcher only reports it.
         record.update(status="failed", reason=reason, lab_status=record["status"], lab_reason=record["reason"])
-        write_record = True
+        rewrite = True
     elif reason:
         reason = f"{record['reason']} ({reason})"
 
@@ -89,14 +89,14 @@ def account(run: PreparedRun, outcome: Outcome) -> RunResult:
         final_reason = f"{hang} ({final_reason})"
         if record is not None:
             record["reason"] = final_reason
-            write_record = True
+            rewrite = True
     result = RunResult(run_dir, returncode if returncode is not None else -9, status,
                        None if status == "ok" else printable(str(final_reason)), record, failure, outcome.wall,
                        outcome.timed_out, outcome.stopped_by is not None,
                        hang_suspected=outcome.timed_out or bool(hang),
                        stopped_by=signal_name(outcome.stopped_by) if outcome.stopped_by is not None else None)
     release_reserve(run)
-    if write_record:
+    if rewrite:
         write_record(run, outcome, record)
     if record is not None:
         try:
