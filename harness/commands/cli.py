@@ -13,17 +13,21 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from rich.markup import escape
-
 from harness.catalog import LABS
-from harness.console import console, print_json
-from harness.run import request as requests
+from harness.commands.verbs import (
+    cmd_bench,
+    cmd_calibrate,
+    cmd_data,
+    cmd_doctor,
+    cmd_grade,
+    cmd_grade_class,
+    cmd_run,
+    cmd_scale,
+    cmd_template,
+)
+from harness.console import console
 from harness.run.errors import HarnessError, RunStopped
-from harness.run.launch import dry_run
 from harness.run.launchers import LAUNCHERS
-from harness.run.output import tail
-from harness.run.runner import run_lab
-from harness.run.state import RunResult
 from harness.usage import Parser, UsageError, positive_float, positive_int, split_lab_args, world_size_list
 
 
@@ -81,114 +85,6 @@ def add_scale_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
 
 
-def print_summary(result: RunResult) -> None:
-    """A run's outcome for people: metrics or the reason, the failing rank's last lines, where it all is.
-    Everything from the lab is printed as text, never as rich markup."""
-    if result.ok:
-        metrics = (result.record or {}).get("metrics", {})
-        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                          for k, v in list(metrics.items())[:6] if isinstance(v, (int, float, str)))
-        console.print(f"[green]ok[/green] in {result.wall_seconds:.1f} s  {escape(shown)}")
-    else:
-        console.print(f"[red]FAILED[/red] after {result.wall_seconds:.1f} s: {escape(result.reason or '')}")
-        if result.hang_suspected:  # a hang: every rank's last words, and where py-spy saw each stack
-            for log in sorted(result.run_dir.glob("rank.*.log")):
-                console.print(f"--- last lines of {log.stem} ({log}) ---", markup=False)
-                console.print(tail(log, 5), markup=False)
-            if (result.run_dir / "stacks.txt").exists():
-                console.print(f"stacks of the hung ranks: {result.run_dir / 'stacks.txt'}", markup=False)
-        else:
-            rank = result.failure.rank if result.failure and result.failure.rank is not None else 0
-            log = result.run_dir / f"rank.{rank}.log"
-            if log.exists():
-                console.print(f"--- last lines of rank {rank} ({log}) ---", markup=False)
-                console.print(tail(log), markup=False)
-    console.print(f"run directory: {result.run_dir}", markup=False)
-
-
-def cmd_run(args: argparse.Namespace, lab_args: list[str]) -> int:
-    request = requests.from_args(args.lab, args.world_size, args, lab_args)
-    if args.dry_run:  # the exact command, nothing started: check a cluster command before spending GPU hours
-        sys.stdout.write(dry_run(request) + "\n")
-        return 0
-    console.print(f"distlab run: {request.lab} world_size={request.world_size} launcher={request.launcher} "
-                  f"backend={request.backend} ({request.backend_reason}) threads/rank={request.threads}", markup=False)
-    result = run_lab(request, echo=not args.json)  # with --json, stdout carries the summary alone
-    print_summary(result)
-    if args.json:
-        print_json({"run_dir": str(result.run_dir), "status": result.status, "reason": result.reason,
-                    "wall_seconds": result.wall_seconds, "hang_suspected": result.hang_suspected,
-                    "metrics": (result.record or {}).get("metrics", {})})
-    return 0 if result.ok else 1
-
-
-def cmd_grade(args: argparse.Namespace, lab_args: list[str]) -> int:
-    from harness.commands import grade
-
-    if args.slurm:  # the cells as a Slurm job array (harness/commands/slurm.py)
-        from harness.commands import slurm
-
-        return slurm.grade(args)
-    return grade.run(args)
-
-
-def cmd_grade_class(args: argparse.Namespace, lab_args: list[str]) -> int:
-    from harness.classgrade import classroom
-
-    return classroom.run(args)
-
-
-def cmd_calibrate(args: argparse.Namespace, lab_args: list[str]) -> int:
-    from harness.commands import calibrate
-
-    return calibrate.run(args)
-
-
-def cmd_scale(args: argparse.Namespace, lab_args: list[str]) -> int:
-    from harness.commands import scale
-
-    return scale.run(args, lab_args)
-
-
-def cmd_template(args: argparse.Namespace, lab_args: list[str]) -> int:
-    from harness.run import job_templates
-
-    try:
-        shape = job_templates.job_shape(args.name, args.lab, args.nodes, args.gpus_per_node, args.backend,
-                                        image=args.image or "", port=args.port, time_limit=args.time,
-                                        cpus_per_task=args.cpus_per_task, ifname=args.ifname or "",
-                                        lab_args=tuple(lab_args), ranks_per_node=args.ranks_per_node)
-        text = job_templates.render(args.name, shape)
-    except job_templates.TemplateError as error:
-        raise UsageError(str(error)) from None
-    if args.out:
-        if args.out.exists():
-            raise UsageError(f"{args.out} exists and is never overwritten; choose another --out")
-        args.out.write_text(text)
-        console.print(f"wrote {args.out}", markup=False)
-    else:
-        sys.stdout.write(text)
-    return 0
-
-
-def cmd_doctor(args: argparse.Namespace, lab_args: list[str]) -> int:
-    from harness.commands import doctor
-
-    return doctor.main(as_json=args.json)
-
-
-def cmd_data(args: argparse.Namespace, lab_args: list[str]) -> int:
-    from labs.common.data import fetch_cifar10
-
-    path = fetch_cifar10(args.data_dir)
-    console.print(f"CIFAR-10 ready in {path}", markup=False)
-    return 0
-
-
-def cmd_acceptance(args: argparse.Namespace, lab_args: list[str]) -> int:
-    from harness.commands import acceptance
-
-    return acceptance.run(args, main)
 
 
 def cmd_completion(args: argparse.Namespace, lab_args: list[str]) -> int:
@@ -198,14 +94,11 @@ def cmd_completion(args: argparse.Namespace, lab_args: list[str]) -> int:
     return 0
 
 
-def cmd_bench(args: argparse.Namespace, lab_args: list[str]) -> int:
-    if args.what == "train":
-        from harness.commands.bench_train import main as bench
-    elif args.what == "verdict":
-        from harness.commands.bench_verdict import main as bench
-    else:
-        from harness.commands.bench_collectives import main as bench
-    return bench(lab_args)
+def cmd_acceptance(args: argparse.Namespace, lab_args: list[str]) -> int:
+    from harness.commands import acceptance
+
+    return acceptance.run(args, main)
+
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -369,7 +262,7 @@ def build_parser() -> Parser:
 
     predict = command("predict", help="step time, throughput and efficiency at 1..1024 ranks (alpha-beta model)",
                       description="DDP and FSDP past this machine, from a measured step and interconnect "
-                                  "(harness/commands/predict.py: the formulas; labs/SCALING.md).")
+                                  "(harness/commands/step_model.py: the formulas; labs/SCALING.md).")
     from harness.commands import predict as predictor
 
     predictor.add_arguments(predict)
