@@ -132,9 +132,8 @@ def doctor(session: nox.Session) -> None:
 @nox.parametrize("name", list(LABS))
 def lab(session: nox.Session, name: str, world_size: int) -> None:
     """One lab at one world size on the CPU (lab arguments after --)."""
-    limit = LABS[name].max_world_size
-    if limit is not None and world_size > limit:
-        session.skip(f"{name} runs on at most {limit} process(es)")
+    if not LABS[name].runs_at(world_size):
+        session.skip(f"{name} runs on at most {LABS[name].max_world_size} process(es)")
     _run_in_env(session, "distlab", "run", name, "--world-size", str(world_size), "--", *session.posargs)
 
 
@@ -207,7 +206,7 @@ def horovod_nccl(session: nox.Session) -> None:
 @nox.session(venv_backend="none", requires=["env"], default=False)
 def robustness(session: nox.Session) -> None:
     """A profile graded under nine conditions (kernels, seeds, threads, load); the smallest margin per check."""
-    _run_in_env(session, "python", "-m", "harness.robustness", *session.posargs)
+    _run_in_env(session, "python", "-m", "harness.commands.robustness", *session.posargs)
 
 
 @nox.session(venv_backend="none", requires=["env"], default=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.usage import UsageError
 from labs.common.backends import ALL_BACKENDS, TORCH_BACKENDS
 from labs.common.host import REPO
 
@@ -20,12 +21,22 @@ class Lab:
     summary: str = ""
     gpu_backend: str | None = None  # the backend it uses on GPUs; None: not a GPU lab
     # A data-parallel training lab: the grade checks its shards, replicas, checkpoints and steps from
-    # what the observer saw on every rank, and measures its final accuracy itself (harness/observed.py).
+    # what the observer saw on every rank, and measures its final accuracy itself (harness/observe/observations.py).
     data_parallel: bool = False
 
     @property
     def path(self) -> Path:
         return REPO / self.program
+
+    def runs_at(self, world_size: int) -> bool:
+        """Whether the lab runs at this world size (a single-device lab runs at 1 only)."""
+        return self.max_world_size is None or world_size <= self.max_world_size
+
+    def check_backend(self, backend: str) -> None:
+        """UsageError unless the lab uses `backend`: the one rule for run, grade and template."""
+        if backend not in self.backends:
+            raise UsageError(f"lab {self.name} does not use backend {backend!r}; choose one of: "
+                             f"{', '.join(self.backends)}")
 
 
 LABS = {lab.name: lab for lab in [
@@ -56,6 +67,14 @@ LABS = {lab.name: lab for lab in [
         summary="GPipe over ranks with micro-batches: exact against one process, the bubble measured",
         gpu_backend="nccl"),
 ]}
+
+
+def find_lab(name: str) -> Lab:
+    """The catalog's lab of that name, else UsageError listing them: the one rule for every command."""
+    if name not in LABS:
+        raise UsageError(f"unknown lab {name!r}; choose one of: {', '.join(LABS)}")
+    return LABS[name]
+
 
 # Which launchers can start ranks that use a backend. torch.distributed needs only
 # MASTER_ADDR/MASTER_PORT besides rank and size, so mpirun can start it too.

@@ -1,10 +1,10 @@
 """The published JSON Schemas (harness/schemas/, draft 2020-12), and checking data against them.
 
 record.schema.json describes the result record of the lab contract (labs/README.md, section 4),
-profile.schema.json a hardware profile or plan (harness/profiles.py). They are the contract in a
+profile.schema.json a hardware profile or plan (harness/verdict/profiles.py). They are the contract in a
 form other tools can read; the harness checks what it reads against them after its own checks,
 so the schemas and the code cannot drift apart unnoticed. A mismatch is reported as the field's
-dotted path and what the schema wanted, the way harness/record.py and harness/profiles.py name
+dotted path and what the schema wanted, the way harness/run/record.py and harness/verdict/profiles.py name
 a field.
 """
 
@@ -53,27 +53,6 @@ def problem(data: Any, name: str) -> str | None:
         return f"field '{_dotted(path)}' is not one the schema knows"
     message = error.message if len(error.message) <= MAX_MESSAGE else f"{error.message[:MAX_MESSAGE]}..."
     return f"field '{_dotted(path)}': {message}" if path else message
-
-
-def check_record(data: dict[str, Any], source: str) -> dict[str, Any]:
-    """`data` if it fits record.schema.json, else RecordError naming the field."""
-    from harness.record import RecordError
-
-    found = problem(data, RECORD_SCHEMA)
-    if found:
-        raise RecordError(f"{source}: {found} (see harness/schemas/{RECORD_SCHEMA} and the lab contract "
-                          "in labs/README.md)")
-    return data
-
-
-def check_profile(data: dict[str, Any], path: Path) -> None:
-    """ProfileError naming the key if the profile's TOML does not fit profile.schema.json."""
-    from harness.profiles import ProfileError
-
-    found = problem(data, PROFILE_SCHEMA)
-    if found:
-        raise ProfileError(f"profile {path}: {found.replace('field', 'key', 1)} "
-                           f"(see harness/schemas/{PROFILE_SCHEMA})")
 
 
 def _dotted(path: list[Any]) -> str:

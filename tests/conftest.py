@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from harness.record import validate
+from harness.run.record import validate
 
 DISTLAB = str(Path(sys.executable).parent / "distlab")
 
@@ -125,7 +125,7 @@ def run_main(monkeypatch, capsys):
 
 # ------------------------------------------------------------------------ the training labs' records
 
-SMOKE_TRAIN_IMAGES, SMOKE_BATCH, SMOKE_LR = 256, 32, 0.025  # the smoke profile (labs/common/training.py SMOKE)
+SMOKE_TRAIN_IMAGES, SMOKE_BATCH, SMOKE_LR = 256, 32, 0.025  # the smoke profile (labs/common/flags.py SMOKE)
 DISTRIBUTED_CHECKS = {"params_identical", "buffers_identical", "shards_disjoint", "shards_cover",
                       "order_changes_per_epoch"}
 

@@ -29,9 +29,13 @@ import psutil
 import pytest
 from conftest import DISTLAB
 
-from harness import multinode, profiles, record, runner, templates
-from harness.launchers import harness_flag
-from harness.runner import RunRefused, RunRequest, run_processes
+from harness.run import accounting, errors, job_templates, multinode, processes, record, runner
+from harness.run.errors import RunRefused
+from harness.run.launchers import harness_flag
+from harness.run.processes import run_processes
+from harness.run.request import RunRequest
+from harness.run.run_dir import new_run_dir
+from harness.verdict import profiles
 from labs.common.contract import Record
 from labs.common.topology import Topology
 
@@ -323,7 +327,7 @@ def test_a_rank_that_ignores_sigterm_is_killed_after_the_grace_period(lab):
     stopped = time.monotonic()
     process.send_signal(signal.SIGTERM)
     process.communicate(timeout=LIMIT)
-    assert time.monotonic() - stopped < runner.KILL_GRACE_S + 60
+    assert time.monotonic() - stopped < processes.KILL_GRACE_S + 60
     run_dir, run = lab.only_run()
     assert run["reason"] == "stopped by SIGTERM"
     assert run["returncode"] == -signal.SIGKILL  # it took SIGKILL
@@ -629,7 +633,7 @@ def test_the_runner_refuses_a_request_no_run_can_start_with(tmp_path, change, me
 def test_a_name_that_is_a_path_never_becomes_a_folder(tmp_path):
     for lab_name, launcher in (("..", "python"), ("check", "../../grade"), ("check", "a/b")):
         with pytest.raises(RunRefused, match="may hold only"):
-            runner.new_run_dir(tmp_path / "results", lab_name, 1, launcher)
+            new_run_dir(tmp_path / "results", lab_name, 1, launcher)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -641,10 +645,10 @@ def test_a_name_that_is_a_path_never_becomes_a_folder(tmp_path):
     ({"lab_args": ("--record", "/etc/x")}, "would override --record"),
 ], ids=["ifname", "time-newline", "image-quote", "lab-arg-newline", "owned-flag"])
 def test_a_template_value_that_could_change_the_job_is_refused(change, message):
-    shape = templates.JobShape("ddp", nodes=2, gpus_per_node=4, backend="nccl", **change)
-    for name in templates.TEMPLATES:
-        with pytest.raises(templates.TemplateError, match=message):
-            templates.render(name, shape)
+    shape = job_templates.JobShape("ddp", nodes=2, gpus_per_node=4, backend="nccl", **change)
+    for name in job_templates.TEMPLATES:
+        with pytest.raises(job_templates.TemplateError, match=message):
+            job_templates.render(name, shape)
 
 
 HOSTILE_ARGS = ("x'; touch PWNED; '", "$(touch PWNED)", "`touch PWNED`", 'say "hi"', "a b", "*")
@@ -655,10 +659,10 @@ def test_template_lab_arguments_reach_the_program_exactly_as_given(tmp_path, nam
     """The rendered job, run by bash with srun and friends faked: every argument arrives as one
     word, unexpanded, and nothing else runs."""
     lab = "horovod" if name == "slurm-mpi" else "ddp"
-    shape = templates.JobShape(lab, nodes=2, gpus_per_node=1, backend="horovod" if lab == "horovod" else "gloo",
+    shape = job_templates.JobShape(lab, nodes=2, gpus_per_node=1, backend="horovod" if lab == "horovod" else "gloo",
                                image="registry.example/distlab:gpu", ifname="eth0", lab_args=HOSTILE_ARGS)
     script = tmp_path / "job.sh"
-    script.write_text(templates.render(name, shape))
+    script.write_text(job_templates.render(name, shape))
     fake = tmp_path / "bin"
     fake.mkdir()
     argv_file = tmp_path / "argv"
@@ -783,7 +787,7 @@ def test_runs_started_together_claim_their_own_directories(lab):
 
 def test_new_run_dir_claims_are_atomic_across_threads(tmp_path):
     claimed: list[Path] = []
-    threads = [threading.Thread(target=lambda: claimed.append(runner.new_run_dir(tmp_path, "check", 2, "python")))
+    threads = [threading.Thread(target=lambda: claimed.append(new_run_dir(tmp_path, "check", 2, "python")))
                for _ in range(20)]
     for thread in threads:
         thread.start()
@@ -808,11 +812,11 @@ def test_an_error_of_the_harness_still_stops_the_run_and_writes_run_json(lab, mo
     def broken(*args, **kwargs):
         raise RuntimeError("the harness broke")
 
-    monkeypatch.setattr(runner, "gather_rank_logs", broken)
+    monkeypatch.setattr(accounting, "gather_rank_logs", broken)
     request = RunRequest(lab="check", program=lab.program, world_size=1, launcher="python", backend="gloo",
                          lab_args=["--dir", str(lab.work), "--raw", str(lab.good), "--mode", "daemon-exit"],
                          results_root=lab.results, timeout_s=300, python=sys.executable)
-    with pytest.raises(runner.HarnessError, match="the harness broke") as error:
+    with pytest.raises(errors.HarnessError, match="the harness broke") as error:
         runner.run_lab(request, echo=False)
     assert "\n" not in str(error.value)
     run_dir, run = lab.only_run()

@@ -1,4 +1,5 @@
-"""The bandwidth benchmark (labs/allreduce_bench) and the benchmark of the benchmark (harness/bench_collectives)."""
+"""The bandwidth benchmark (labs/allreduce_bench) and the benchmark of the benchmark
+(harness/commands/bench_collectives)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import shutil
 
 import pytest
 
-from harness import bench_collectives
+from harness.commands import bench_collectives
 from labs.allreduce_bench import allreduce_bench as bench
 from labs.allreduce_bench import nccl_tests
 from labs.collectives.primitives import PRIMITIVES, lookup, round_count, unsupported

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness.runner import run_processes
+from harness.run.processes import run_processes
 
 pytestmark = pytest.mark.integration
 

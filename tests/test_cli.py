@@ -1,12 +1,14 @@
 """Bad input to `distlab run`: one line naming the fix, exit code 2, nothing started."""
 
 import os
+import re
 
 import pytest
 
-from harness import cli, usage
-from harness import request as requests
-from harness.runner import RunResult
+from harness import usage
+from harness.commands import cli, verbs
+from harness.run import request as requests
+from harness.run.state import RunResult
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -75,7 +77,7 @@ def test_a_failure_reason_in_brackets_is_printed_as_text_not_markup(capsys, tmp_
     (tmp_path / "rank.0.log").write_text("[rank0]: RuntimeError: [/__w/gloo/pair.cc:152] timed out\n")
     reason = "RuntimeError: [/__w/gloo/pair.cc:152] timed out connecting [bold]"
     result = RunResult(tmp_path, 1, "failed", reason, None, None, 1.0)
-    cli.print_summary(result)
+    verbs.print_summary(result)
     out = capsys.readouterr().out
     assert reason in out and "[rank0]: RuntimeError: [/__w/gloo/pair.cc:152] timed out" in out
 
@@ -96,10 +98,14 @@ def test_completion_knows_the_labs(capsys):
 
 
 def test_every_command_help_has_an_example(capsys):
-    parser = cli.build_parser()
-    commands = next(a for a in parser._actions if isinstance(a, type(parser._subparsers._group_actions[0])))
-    for name, sub in commands.choices.items():
-        assert "examples:\n  distlab " in sub.format_help(), name
+    """Every command `distlab --help` lists, asked for its help as a person would: an example of itself."""
+    names = re.search(r"\{([a-z,-]+)\}", cli.build_parser().format_usage()).group(1).split(",")
+    assert {"run", "grade", "grade-class", "calibrate", "template", "scale", "bench", "completion"} <= set(names)
+    for name in names:
+        with pytest.raises(SystemExit) as done:
+            cli.main([name, "--help"])
+        assert done.value.code == 0, name
+        assert re.search(rf"examples:\n  distlab {name}\b", capsys.readouterr().out), name
 
 
 def test_calibrate_refuses_a_folder_it_cannot_write_before_any_run(capsys, tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""`distlab compare` (harness/compare.py): the lecture's table generated from runs.
+"""`distlab compare` (harness/commands/compare.py): the lecture's table generated from runs.
 
 The table's arithmetic on records made here (what each column is a ratio of), the complexity
 measured on the real programs, one real study in smoke mode (DDP and FSDP2 through torchrun at
@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from harness import cli, compare
+from harness.commands import cli, compare
 
 
 def run_of(tool: str, world_size: int, step_seconds: float, peaks: list[int]) -> dict:

@@ -13,31 +13,28 @@ import pytest
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from labs.common import faults, training
+from labs.common import data, faults
+from labs.common.checkpoints import load_checkpoint, save_checkpoint
 from labs.common.contract import Record
-from labs.common.faults import fault_point, parse_fault, skip_all_reduce, skips_collective
-from labs.common.replicas import check_replicas
-from labs.common.topology import Topology
-from labs.common.training import (
+from labs.common.data import (
     CIFAR10_FOLDER,
     CIFAR10_TEST_FILE,
     CIFAR10_TRAIN_FILES,
     SYNTHETIC_NOISE,
     EpochShuffle,
-    History,
     ImageSet,
-    TrainClock,
     augment,
-    build_model,
     fetch_cifar10,
-    load_checkpoint,
     load_datasets,
-    make_optimizer,
-    save_checkpoint,
-    steps_per_epoch,
     synthetic_cifar10,
     train_loader,
 )
+from labs.common.faults import fault_point, parse_fault, skip_all_reduce, skips_collective
+from labs.common.models import build_model
+from labs.common.optim import make_optimizer, steps_per_epoch
+from labs.common.replicas import check_replicas
+from labs.common.timing import History, TrainClock
+from labs.common.topology import Topology
 
 
 def data_args(**overrides) -> argparse.Namespace:
@@ -148,7 +145,7 @@ def test_fetch_offline_says_how_to_stage(tmp_path, capsys, monkeypatch):
     def offline(*args, **kwargs):
         raise urllib.error.URLError("no route to host")
 
-    monkeypatch.setattr(training.torchvision.datasets, "CIFAR10", offline)
+    monkeypatch.setattr(data.torchvision.datasets, "CIFAR10", offline)
     message = one_line_exit(capsys, lambda: fetch_cifar10(tmp_path))
     assert "could not download" in message and CIFAR10_FOLDER in message
 

@@ -24,7 +24,7 @@ import torch
 from conftest import run_lab
 
 from harness.catalog import LABS, backend_for
-from labs.common import host, timing, training
+from labs.common import flags, host, models, timing
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDER = REPO / "tests" / "programs" / "device_recorder.py"
@@ -68,9 +68,9 @@ def test_cuda_asked_for_shares_the_gpus_and_cpu_is_the_cpu():
 def _training_args(*argv):
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true")
-    training.add_training_args(parser)
+    flags.add_training_args(parser)
     args = parser.parse_args(["--smoke", *argv])
-    training.resolve_training_args(parser, args)
+    flags.resolve_training_args(parser, args)
     return args
 
 
@@ -90,7 +90,7 @@ def test_a_training_lab_on_auto_follows_the_rule_for_its_launcher(gpus, local_wo
         assert args.channels_last == (device == "cuda")  # channels_last only where the model is on a GPU
         if device == "cuda":
             monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-            assert training.pick_device(args, rank) == torch.device("cuda", rank)
+            assert models.pick_device(args, rank) == torch.device("cuda", rank)
 
 
 def test_cuda_asked_for_with_more_ranks_than_gpus_shares_them(monkeypatch):
@@ -98,7 +98,7 @@ def test_cuda_asked_for_with_more_ranks_than_gpus_shares_them(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     args = argparse.Namespace(device="cuda")
-    assert [training.pick_device(args, r) for r in (0, 1)] == [torch.device("cuda", 0)] * 2
+    assert [models.pick_device(args, r) for r in (0, 1)] == [torch.device("cuda", 0)] * 2
 
 
 # ------------------------------------------------------------------------------------------ the clocks
@@ -110,7 +110,7 @@ def test_a_reading_on_a_cuda_device_waits_for_it_and_one_on_the_cpu_does_not(mon
     timing.now(torch.device("cpu"))
     assert synced == []
     timing.now(torch.device("cuda", 1))
-    training.TrainClock(torch.device("cuda", 1)).start_epoch()
+    timing.TrainClock(torch.device("cuda", 1)).start_epoch()
     assert synced == [torch.device("cuda", 1)] * 2
 
 
@@ -285,8 +285,8 @@ def test_the_nccl_build_links_nccl_and_says_so(tmp_path):
 
 @pytest.mark.parametrize("horovod", [True, False])
 def test_the_one_gpu_plan_runs_every_nccl_lab_and_two_ranks_over_gloo_on_the_gpu(horovod, tmp_path):
-    from harness import acceptance
-    from harness.profiles import load_profile
+    from harness.commands import acceptance
+    from harness.verdict.profiles import load_profile
 
     path = tmp_path / "plan.toml"
     path.write_text(acceptance.one_gpu_plan(horovod))
@@ -307,7 +307,7 @@ def test_the_one_gpu_plan_runs_every_nccl_lab_and_two_ranks_over_gloo_on_the_gpu
 
 @pytest.mark.parametrize("horovod", [(True, "built with NCCL"), (False, "Horovod was built without NCCL")])
 def test_the_one_gpu_acceptance_fits_its_budget_and_names_a_skipped_horovod(horovod, tmp_path):
-    from harness import acceptance
+    from harness.commands import acceptance
 
     planned = acceptance.one_gpu_steps("NVIDIA H200", tmp_path, horovod)
     names = [name for name, _, _ in planned]
@@ -321,7 +321,7 @@ def test_the_one_gpu_acceptance_fits_its_budget_and_names_a_skipped_horovod(horo
 
 
 def test_acceptance_dry_run_prints_every_step_with_its_seconds_and_starts_nothing(capsys, tmp_path, monkeypatch):
-    from harness import acceptance, cli
+    from harness.commands import acceptance, cli
 
     monkeypatch.setattr(acceptance, "visible_gpus", lambda: {"count": 0, "models": [], "driver": None})
     monkeypatch.setattr(acceptance, "horovod_with_nccl", lambda: (False, "Horovod was built without NCCL"))

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from harness import request as requests
 from harness.catalog import LABS, backend_for
+from harness.run import request as requests
 from labs.common import host
 
 
@@ -49,7 +49,7 @@ def test_distlab_run_without_backend_follows_the_hardware(gpus, tmp_path, monkey
 
 @pytest.mark.parametrize(("gpus", "sizes"), [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6]), (8, [1, 2, 4, 8])])
 def test_acceptance_runs_every_world_size_the_gpus_allow(gpus, sizes, tmp_path):
-    from harness import acceptance
+    from harness.commands import acceptance
 
     assert acceptance.world_sizes(gpus) == sizes
     planned = dict(acceptance.steps(gpus, "NVIDIA H200", tmp_path))
@@ -63,7 +63,7 @@ def test_acceptance_runs_every_world_size_the_gpus_allow(gpus, sizes, tmp_path):
 
 
 def test_acceptance_without_a_gpu_is_one_line_and_starts_nothing(capsys, tmp_path, monkeypatch):
-    from harness import acceptance, cli
+    from harness.commands import acceptance, cli
 
     monkeypatch.setattr(acceptance, "visible_gpus", lambda: {"count": 0, "models": [], "driver": None})
     assert cli.main(["acceptance", "--results", str(tmp_path / "r")]) == 2
@@ -75,7 +75,7 @@ def test_acceptance_without_a_gpu_is_one_line_and_starts_nothing(capsys, tmp_pat
 @pytest.mark.parametrize("gpus", [1, 2, 8])
 def test_dry_run_shows_the_nccl_command_with_the_flight_recorder_and_starts_nothing(gpus, capsys, tmp_path,
                                                                                     monkeypatch):
-    from harness import cli
+    from harness.commands import cli
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(requests, "gpu_count", lambda: gpus)
@@ -93,14 +93,14 @@ def test_each_rank_drives_the_gpu_of_its_local_rank(monkeypatch):
 
     import torch
 
-    from labs.common import training
+    from labs.common import models
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     for local_rank in (0, 5, 7):
-        assert training.pick_device(argparse.Namespace(device="cuda"), local_rank) == torch.device("cuda", local_rank)
-    assert training.pick_device(argparse.Namespace(device="cpu"), 5) == torch.device("cpu")
+        assert models.pick_device(argparse.Namespace(device="cuda"), local_rank) == torch.device("cuda", local_rank)
+    assert models.pick_device(argparse.Namespace(device="cpu"), 5) == torch.device("cpu")
 
 
 @pytest.mark.skipif(any(os.path.exists(p) for p in host.GPU_DRIVER_PATHS), reason="this host has a GPU driver")

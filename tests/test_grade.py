@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import calibrate, profiles, report
-from harness.profiles import Band, LabExpectation, Profile, ProfileError, load_profile
-from harness.stats import mean_ci, t95
-from harness.verdicts import Sample, Verdict, band_verdict, evaluate, evaluate_across, evaluate_cell
+from harness.commands import calibrate
+from harness.report import pages
+from harness.verdict import profiles
+from harness.verdict.profiles import Band, LabExpectation, Profile, ProfileError, load_profile
+from harness.verdict.stats import mean_ci, t95
+from harness.verdict.verdicts import Sample, Verdict, band_verdict, evaluate_across, evaluate_cell, grade_verdicts
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -110,7 +112,7 @@ def test_a_data_parallel_row_is_compared_with_the_single_device_rows_world_size_
             ("ddp", 2): [sample(final_accuracy=0.88, img_per_sec=120)],
             ("ddp", 4): [sample(final_accuracy=0.80, img_per_sec=120)]}
     loops = {("baseline", 1): 100.0, ("ddp", 2): 150.0, ("ddp", 4): 200.0}
-    verdicts = {(v.lab, v.world_size, v.check): v for v in evaluate(profile, ["baseline", "ddp"], done, loops)}
+    verdicts = {(v.lab, v.world_size, v.check): v for v in grade_verdicts(profile, ["baseline", "ddp"], done, loops)}
     assert verdicts["ddp", 2, "accuracy_vs_ws1"].passed
     assert "0.880 at 2 vs 0.900 at 1 (baseline)" in verdicts["ddp", 2, "accuracy_vs_ws1"].detail
     assert not verdicts["ddp", 4, "accuracy_vs_ws1"].passed  # 0.10 below the baseline
@@ -120,14 +122,14 @@ def test_a_data_parallel_row_is_compared_with_the_single_device_rows_world_size_
     assert "(T(1): the baseline's) = 0.750" in verdicts["ddp", 2, "efficiency"].detail
     assert ("ddp", 1, "accuracy_vs_ws1") not in verdicts
     # Without the baseline's runs (another --world-sizes), nothing to compare with: said, not passed.
-    alone = {(v.world_size, v.check): v for v in evaluate(profile, ["ddp"], {("ddp", 2): done["ddp", 2]}, loops)}
+    alone = {(v.world_size, v.check): v for v in grade_verdicts(profile, ["ddp"], {("ddp", 2): done["ddp", 2]}, loops)}
     assert alone[2, "accuracy_vs_ws1"].passed is None and alone[2, "efficiency"].passed is None
 
 
 def test_grading_a_data_parallel_lab_brings_its_single_device_row_along(tmp_path):
     import argparse
 
-    from harness import grade
+    from harness.commands import grade
 
     args = argparse.Namespace(profile=str(REPO / "harness/profiles/cpu-grade.toml"), labs="ddp", program=None,
                               world_sizes=None, repeats=1, results=tmp_path, timeout=None)
@@ -234,7 +236,7 @@ def test_report_writes_valid_junit_and_html_with_embedded_plots(tmp_path):
     done = {("ddp", 1): [sample(img_per_sec=100.0, test_accuracy=[0.3, 0.5])],
             ("ddp", 2): [sample(img_per_sec=100.0, test_accuracy=[0.3, 0.45])]}
     summary = {"profile": "p", "provisional": False, "runs": 2, "wall_seconds": 3.0}
-    paths = report.write_report(tmp_path / "r", summary, verdicts, done)
+    paths = pages.write_report(tmp_path / "r", summary, verdicts, done)
     suite = ET.parse(paths["junit"]).getroot().find("testsuite")
     assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "1", "1")
     failure = suite.find(".//testcase/failure")
@@ -247,7 +249,7 @@ def test_report_writes_valid_junit_and_html_with_embedded_plots(tmp_path):
 
 
 def test_the_throughput_plot_shows_the_harnesss_timing_and_efficiency_over_the_single_device_row():
-    from harness.plots import throughput_series
+    from harness.report.plots import throughput_series
 
     lying = sample(img_per_sec=1000.0)  # the record's claim
     lying.measured["img_per_sec"] = 150.0  # what the harness timed
@@ -302,7 +304,7 @@ def test_calibration_of_a_data_parallel_row_measures_against_the_single_device_r
 
 
 def test_a_gpu_profile_grades_the_world_sizes_the_visible_gpus_can_hold(tmp_path):
-    from harness.grade import GradePlan
+    from harness.commands.grade import GradePlan
 
     profile = load_profile(REPO / "harness/profiles/h100-80gb-sxm-8.toml")
     for gpus, sizes in ((1, [1]), (2, [1, 2]), (8, [1, 2, 4, 8])):  # ... with one rank per GPU
@@ -311,7 +313,7 @@ def test_a_gpu_profile_grades_the_world_sizes_the_visible_gpus_can_hold(tmp_path
 
 
 def test_world_sizes_select_among_the_profiles_cells_and_add_their_arguments(tmp_path):
-    from harness.grade import GradePlan
+    from harness.commands.grade import GradePlan
 
     path = write(tmp_path, GOOD.replace("world_sizes = [1, 2]", 'world_sizes = [1, 2]\nworld_size_args = '
                                         '{ "2" = ["--batch-size", "16"] }'))
@@ -324,8 +326,8 @@ def test_world_sizes_select_among_the_profiles_cells_and_add_their_arguments(tmp
 
 
 def test_each_run_of_a_cell_follows_a_reference_run_of_its_own_at_the_profiles_threads(tmp_path, monkeypatch):
-    from harness import grade
-    from harness.runner import RunResult
+    from harness.commands import grade
+    from harness.run.state import RunResult
 
     profile = load_profile(REPO / "harness/profiles/plans/cpu-grade.toml")
     assert profile.threads_per_rank == 1
@@ -352,7 +354,7 @@ def test_each_run_of_a_cell_follows_a_reference_run_of_its_own_at_the_profiles_t
         return RunResult(tmp_path, 0, "ok", None, {"metrics": {"img_per_sec": 10.0}}, None, 1.0)
 
     monkeypatch.setattr(grade, "run_lab", run_lab)
-    monkeypatch.setattr(grade, "observe", lambda result, exp, request, evaluator: grade.sample_of(result))
+    monkeypatch.setattr(grade, "observed_sample", lambda result, exp, request, evaluator: grade.sample_of(result))
     done, references = {}, {}
     grade.execute(plan, done, references)
     # Reference, run, reference, run: a load that comes and goes touches a run and its reference alike.
@@ -369,7 +371,7 @@ def test_the_training_reference_refuses_several_ranks_without_gloo(tmp_path):
     import subprocess
     import sys
 
-    from harness.references import REFERENCES
+    from harness.verdict.references import REFERENCES
 
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO), "TORCHELASTIC_RUN_ID": "x", "RANK": "0",
            "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
@@ -381,8 +383,8 @@ def test_the_training_reference_refuses_several_ranks_without_gloo(tmp_path):
 def test_a_students_program_is_timed_against_the_course_lab_in_the_same_cell(tmp_path):
     import argparse
 
-    from harness import grade
-    from harness.references import PROGRAM_RATIO_FLOOR
+    from harness.commands import grade
+    from harness.verdict.references import PROGRAM_RATIO_FLOOR
 
     student = tmp_path / "my_ddp.py"
     student.write_text("print('a program')\n")
@@ -422,9 +424,9 @@ def test_a_ratio_is_the_median_of_each_runs_ratio_to_the_reference_measured_arou
 def test_a_students_runs_are_bracketed_by_the_course_labs_and_paired_with_both_neighbours(tmp_path, monkeypatch):
     import argparse
 
-    from harness import grade
-    from harness.references import PROGRAM_PAIRS
-    from harness.runner import RunResult
+    from harness.commands import grade
+    from harness.run.state import RunResult
+    from harness.verdict.references import PROGRAM_PAIRS
 
     student = tmp_path / "my_ddp.py"
     student.write_text("print('a program')\n")
@@ -441,7 +443,7 @@ def test_a_students_runs_are_bracketed_by_the_course_labs_and_paired_with_both_n
         return RunResult(tmp_path, 0, "ok", None, {"metrics": {"img_per_sec": next(rates)}}, None, 1.0)
 
     monkeypatch.setattr(grade, "run_lab", run_lab)
-    monkeypatch.setattr(grade, "observe", lambda result, exp, request, evaluator: grade.sample_of(result))
+    monkeypatch.setattr(grade, "observed_sample", lambda result, exp, request, evaluator: grade.sample_of(result))
     monkeypatch.setattr(grade, "timed", lambda result, metric: grade.sample_of(result))
     done, references = {}, {}
     grade.execute(plan, done, references)

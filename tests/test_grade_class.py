@@ -26,9 +26,9 @@ import tomli_w
 from conftest import DISTLAB, run_distlab
 
 from harness.classgrade import classroom, rubric, sandbox
-from harness.profiles import tomllib
 from harness.usage import UsageError
-from harness.verdicts import Verdict
+from harness.verdict.profiles import tomllib
+from harness.verdict.verdicts import Verdict
 
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = REPO / "tests/submissions"
@@ -92,7 +92,7 @@ def grade_class(submissions: Path, *args: str, timeout: float = 900) -> subproce
 # The lecture's third pitfall as a mutant of the course lab: a branch of the model no step uses. DDP
 # stops at the second step ("Expected to have finished reduction in the prior iteration ..."), and the
 # feedback names the lesson from that message.
-MODEL = "        model = training.build_model(args.stem).to(device)\n"
+MODEL = "        model = models.build_model(args.stem).to(device)\n"
 UNUSED = [(MODEL, MODEL + "        model.aux_head = torch.nn.Linear(10, 10).to(device)  # a branch no step uses\n")]
 
 
@@ -129,7 +129,7 @@ def graded(tmp_path_factory):
     (submissions / "carol").mkdir()  # a wrong layout: two programs, neither train.py
     for name in ("a.py", "b.py"):
         (submissions / "carol" / name).write_text("print('hello')\n")
-    harness_before = hashlib.sha256((REPO / "harness/verdicts.py").read_bytes()).hexdigest()
+    harness_before = hashlib.sha256((REPO / "harness/verdict/verdicts.py").read_bytes()).hexdigest()
     profile, the_rubric = class_profile(folder), class_rubric(folder)
     done = grade_class(submissions, "--profile", str(profile), "--rubric", str(the_rubric), "--jobs", "2",
                        "--results", str(folder / "results"))
@@ -185,7 +185,7 @@ def test_unused_parameters_are_named_from_ddps_own_error_with_their_lesson(grade
 @pytest.mark.integration
 @the_class
 def test_the_graders_files_and_the_machine_are_left_as_they_were(graded):
-    assert hashlib.sha256((REPO / "harness/verdicts.py").read_bytes()).hexdigest() == graded["harness_before"]
+    assert hashlib.sha256((REPO / "harness/verdict/verdicts.py").read_bytes()).hexdigest() == graded["harness_before"]
     assert "every verdict passes" not in (graded["class_dir"] / "gradebook.csv").read_text()
     # Every process of the sandboxes ended (the fork bomb's too); the cgroups are gone.
     uids = job_uids(graded["class_dir"])

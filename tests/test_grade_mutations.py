@@ -16,9 +16,9 @@ import pytest
 import tomli_w
 from conftest import run_distlab
 
-from harness.bench_verdict import TWICE_SLOWER
-from harness.profiles import tomllib
-from harness.references import PROGRAM_PAIRS, PROGRAM_RATIO_FLOOR
+from harness.commands.bench_verdict import TWICE_SLOWER
+from harness.verdict.profiles import tomllib
+from harness.verdict.references import PROGRAM_PAIRS, PROGRAM_RATIO_FLOOR
 
 REPO = Path(__file__).resolve().parent.parent
 LAB = (REPO / "labs/ddp/train.py").read_text()
@@ -26,8 +26,8 @@ SAMPLER = ("sampler = DistributedSampler(train_set, num_replicas=topology.world_
 NO_SYNC = "with model.no_sync() if i < args.accumulate - 1 else nullcontext():"
 RANK0_SAVES = "if topology.is_rank0:  # the replicas are identical: one writer is enough"
 CHECKS = "img_per_sec = replicas.check_replicas(record, reports, len(train_set), global_batch, first_epoch)"
-REPORT = "training.report(record, history, clock, args, lr, global_batch, img_per_sec)"
-DATA = "train_set, test_set = training.load_datasets(args)"
+REPORT = "timing.report(record, history, clock, args, lr, global_batch, img_per_sec)"
+DATA = "train_set, test_set = data.load_datasets(args)"
 AVERAGE_BUFFERS = "replicas.average_buffers(model.module, dist.all_reduce, topology.world_size)"
 
 # row -> (the change, as (old, new) pairs; {each verdict that must fail: words its detail must hold}).
@@ -57,7 +57,7 @@ MUTANTS = {
                           "claim:final_accuracy": "record claims final_accuracy 0.99, harness measured",
                           "claim:img_per_sec": "harness timed"}),
 }
-# The twice-slower mutant (harness/bench_verdict.py says why it is made so). Graded on its own
+# The twice-slower mutant (harness/commands/bench_verdict.py says why it is made so). Graded on its own
 # against the course's lab, as a student's program always is: three runs, each between two runs of
 # the lab, with no other test beside it (in CI, runs of another worker that slowed the lab and not
 # the program once lifted a single pair to 0.92). Measured with one pair each (Intel Xeon, 2

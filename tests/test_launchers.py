@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import launchers
-from harness.launchers import LAUNCHERS, LaunchSpec
+from harness.run import launchers
+from harness.run.launchers import LAUNCHERS, LaunchSpec
 
 
 def spec(world_size: int = 2) -> LaunchSpec:
@@ -23,8 +23,8 @@ def test_torchrun_on_one_node_meets_in_a_file_and_serves_no_port_of_its_own():
     assert command[command.index("--local-addr") + 1] == "127.0.0.1"
     # Each restart attempt gets a fresh store (the agent's shared one keeps a failed attempt's keys):
     # the setting reaches the command a run starts, and only torchrun's.
-    from harness.request import build_request
-    from harness.runner import dry_run
+    from harness.run.launch import dry_run
+    from harness.run.request import build_request
 
     for launcher, expected in (("torchrun", True), ("mpirun", False)):
         request = build_request("check", 2, [], launcher=launcher, results_root=Path("/nonexistent"))
@@ -133,22 +133,22 @@ def test_mpirun_tagged_output_is_split_per_rank(tmp_path):
     ({0: "RuntimeError: Connection reset by peer", 1: "exit 3"}, None),
 ])
 def test_a_backend_collective_timeout_is_read_as_a_hang(tmp_path, logs, expected):
-    from harness.runner import _collective_timeout
+    from harness.run.hangs import hang_reason
 
     rank_logs = {}
     for rank, text in logs.items():
         rank_logs[rank] = tmp_path / f"rank.{rank}.log"
         rank_logs[rank].write_text(text + "\n")
-    reason = _collective_timeout(rank_logs, "")
+    reason = hang_reason(rank_logs, "")
     assert (reason is None) if expected is None else (expected in reason)
 
 
 def test_horovods_stall_shutdown_is_read_as_a_hang(tmp_path):
-    from harness.runner import _collective_timeout
+    from harness.run.hangs import hang_reason
 
     output = "Missing ranks:\n0!: [allreduce.noname.309]\nOne or more rank (marked by \"!\") is stalled for " \
              "longer than 10 seconds. Will shutdown."
-    assert "Horovod's stall inspector shut the job down" in _collective_timeout({}, output)
+    assert "Horovod's stall inspector shut the job down" in hang_reason({}, output)
 
 
 @pytest.mark.parametrize(("launcher", "output", "expected"), [

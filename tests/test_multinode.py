@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import cli, multinode, templates
-from harness.launchers import LAUNCHERS, LaunchSpec, find_tool
+from harness.commands import cli
+from harness.run import job_templates, multinode
+from harness.run.launchers import LAUNCHERS, LaunchSpec, find_tool
 
 DISTLAB = str(Path(sys.executable).parent / "distlab")
 
@@ -93,9 +94,9 @@ def test_multinode_launcher_lines():
 @pytest.mark.parametrize("name", ["slurm-torchrun", "slurm-mpi"])
 def test_slurm_templates_render_and_pass_shellcheck(name, tmp_path):
     lab = "horovod" if name == "slurm-mpi" else "ddp"
-    shape = templates.JobShape(lab, nodes=4, gpus_per_node=8, backend="horovod" if lab == "horovod" else "nccl",
+    shape = job_templates.JobShape(lab, nodes=4, gpus_per_node=8, backend="horovod" if lab == "horovod" else "nccl",
                                image="nvcr.io#distlab/gpu", lab_args=("--epochs", "5"))
-    text = templates.render(name, shape)
+    text = job_templates.render(name, shape)
     assert "#SBATCH --nodes=4" in text and "--epochs 5" in text
     assert "{" + "lab}" not in text
     if name == "slurm-torchrun":
@@ -114,9 +115,9 @@ def test_slurm_templates_render_and_pass_shellcheck(name, tmp_path):
 @pytest.mark.parametrize("name", ["slurm-torchrun", "slurm-mpi"])
 def test_slurm_templates_for_cpu_nodes_ask_for_no_gpu(name, tmp_path):
     lab = "horovod" if name == "slurm-mpi" else "ddp"
-    shape = templates.JobShape(lab, nodes=2, gpus_per_node=0, ranks_per_node=2, cpus_per_task=4,
-                               backend=templates.default_backend(name, lab, 0))
-    text = templates.render(name, shape)
+    shape = job_templates.JobShape(lab, nodes=2, gpus_per_node=0, ranks_per_node=2, cpus_per_task=4,
+                               backend=job_templates.default_backend(name, lab, 0))
+    text = job_templates.render(name, shape)
     directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
     assert not any("gpu" in line for line in directives), directives
     if name == "slurm-torchrun":  # one task per node holds both ranks' CPUs: 4 / 2 threads each
@@ -161,9 +162,9 @@ def test_a_template_that_cannot_run_is_refused_in_one_line(argv, message, capsys
 def test_the_rendezvous_is_the_first_node_s_slurm_address(tmp_path):
     """Node names that resolve only inside Slurm: the endpoint is the NodeAddr scontrol reports, and
     the name where Slurm reports none. The job runs under bash with scontrol, srun, distlab faked."""
-    shape = templates.JobShape("check", nodes=2, gpus_per_node=0, backend="gloo", cpus_per_task=1, port=29411)
+    shape = job_templates.JobShape("check", nodes=2, gpus_per_node=0, backend="gloo", cpus_per_task=1, port=29411)
     script = tmp_path / "job.sh"
-    script.write_text(templates.render("slurm-torchrun", shape))
+    script.write_text(job_templates.render("slurm-torchrun", shape))
     fake = tmp_path / "bin"
     fake.mkdir()
     argv_file = tmp_path / "argv"
@@ -186,9 +187,9 @@ def test_the_rendezvous_is_the_first_node_s_slurm_address(tmp_path):
 @pytest.mark.parametrize(("name", "kind", "replicas_key"), [("k8s-pytorchjob", "PyTorchJob", "pytorchReplicaSpecs"),
                                                             ("k8s-mpijob", "MPIJob", "mpiReplicaSpecs")])
 def test_kubernetes_manifests_have_what_the_operators_require(name, kind, replicas_key):
-    shape = templates.JobShape("horovod" if kind == "MPIJob" else "ddp", nodes=2, gpus_per_node=4,
+    shape = job_templates.JobShape("horovod" if kind == "MPIJob" else "ddp", nodes=2, gpus_per_node=4,
                                backend="horovod" if kind == "MPIJob" else "nccl", image="registry/distlab:gpu")
-    manifest = yaml.safe_load(templates.render(name, shape))
+    manifest = yaml.safe_load(job_templates.render(name, shape))
     assert manifest["apiVersion"].startswith("kubeflow.org/") and manifest["kind"] == kind
     specs = manifest["spec"][replicas_key]
     assert specs["Worker"]["replicas"] == 2

@@ -1,7 +1,7 @@
 """The harness's observer and its checks: it must see what torch did on every rank, whatever the program says.
 
 Programs run through the real launchers (torchrun, horovodrun) with the environment the runner
-gives them: DISTLAB_OBSERVE_DIR, and harness/observer first on PYTHONPATH. The real ddp lab passes
+gives them: DISTLAB_OBSERVE_DIR, and harness/on_ranks/observer first on PYTHONPATH. The real ddp lab passes
 every check here; so does horovod's (on its record run, in tests/test_training_labs.py). A small DDP
 program written from scratch (tests/programs/ddp_program.py) passes every check, and each classic
 mistake fails exactly its own, where the grader meets them: tests/test_grade_mutations.py.
@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import evaluate, observed
+from harness.observe import accuracy, data_parallel, observations
 
 REPO = Path(__file__).resolve().parents[1]
-OBSERVER = REPO / "harness" / "observer"
+OBSERVER = REPO / "harness" / "on_ranks" / "observer"
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 300
-SMOKE_TRAIN_IMAGES = 256  # labs/common/training.py's SMOKE profile
+SMOKE_TRAIN_IMAGES = 256  # labs/common/flags.py's SMOKE profile
 
 
 def observed_env(observe_dir: Path | None, **extra: str) -> dict[str, str]:
@@ -50,11 +50,11 @@ def torchrun(args: list[str], observe_dir: Path) -> subprocess.CompletedProcess[
     return launch([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", *args], observe_dir)
 
 
-def by_name(checks: list[observed.Check]) -> dict[str, observed.Check]:
+def by_name(checks: list[data_parallel.Check]) -> dict[str, data_parallel.Check]:
     return {check.name: check for check in checks}
 
 
-def failing(checks: list[observed.Check]) -> dict[str, str]:
+def failing(checks: list[data_parallel.Check]) -> dict[str, str]:
     return {check.name: check.detail for check in checks if not check.passed}
 
 
@@ -108,7 +108,7 @@ def test_order_check_not_applicable_with_one_epoch(tmp_path):
                                               "rank": rank}],
             "loader_passes": [{"loader": 0, "dataset_len": 8, "sampler": "DistributedSampler", "batches": 2,
                                "steps": 2, "batch_sizes": [2], "indices": [rank, rank + 2, rank + 4, rank + 6]}]}))
-    seen = by_name(observed.checks(observed.load(tmp_path), "gloo", 2))
+    seen = by_name(data_parallel.checks(observations.load(tmp_path), "gloo", 2))
     order = seen["order_changes_per_epoch"]
     assert (order.passed, order.applicable) == (True, False)
     assert order.detail.startswith("not applicable")
@@ -116,7 +116,7 @@ def test_order_check_not_applicable_with_one_epoch(tmp_path):
     assert not seen["replicas_identical"].passed  # no model observed: nothing vouches for the replicas
 
 
-def timed_epochs(tmp_path: Path, epochs_per_rank: dict[int, list[dict]]) -> observed.Observations:
+def timed_epochs(tmp_path: Path, epochs_per_rank: dict[int, list[dict]]) -> observations.Observations:
     """Observations of ranks whose training passes carry the observer's step timings."""
     for rank, epochs in epochs_per_rank.items():
         passes = [{"loader": 0, "dataset_len": 64, "sampler": "DistributedSampler", "batches": len(e["step_times"]),
@@ -124,7 +124,7 @@ def timed_epochs(tmp_path: Path, epochs_per_rank: dict[int, list[dict]]) -> obse
         (tmp_path / f"rank.{rank}.json").write_text(json.dumps({
             "schema": "distlab-observations", "rank": rank, "optimizer_steps": 8, "saves": [], "model": None,
             "errors": [], "process_groups": [], "loader_passes": passes}))
-    return observed.load(tmp_path)
+    return observations.load(tmp_path)
 
 
 def test_the_harness_times_training_after_the_warm_up_and_between_epochs_only(tmp_path):
@@ -136,23 +136,23 @@ def test_the_harness_times_training_after_the_warm_up_and_between_epochs_only(tm
                  "step_images": [8, 16, 24, 32, 40]},
                 {"started": 100.0, "step_times": [100 + scale * t for t in (2, 4, 6)], "step_images": [8, 16, 24]}]
 
-    observations = timed_epochs(tmp_path, {0: rank(1.0), 1: rank(0.5)})
-    assert observed.throughput(observations) == pytest.approx(4.0 + 8.0)
+    seen = timed_epochs(tmp_path, {0: rank(1.0), 1: rank(0.5)})
+    assert observations.throughput(seen) == pytest.approx(4.0 + 8.0)
     # Without a warm-up: from each epoch's start, 64 images in 7 + 6 s on rank 0, in 3.5 + 3 s on rank 1.
-    assert observed.throughput(observations, warmup_steps=0) == pytest.approx(64 / 13 + 64 / 6.5)
+    assert observations.throughput(seen, warmup_steps=0) == pytest.approx(64 / 13 + 64 / 6.5)
 
 
 def test_without_timed_training_there_is_no_throughput(tmp_path):
     (tmp_path / "short").mkdir()
     short = {"started": 0.0, "step_times": [1.0, 2.0, 3.0], "step_images": [8, 16, 24]}  # all warm-up
-    assert observed.throughput(timed_epochs(tmp_path / "short", {0: [short]})) is None
+    assert observations.throughput(timed_epochs(tmp_path / "short", {0: [short]})) is None
     (tmp_path / "old").mkdir()  # an older observer's file: steps, but no timings
     old = timed_epochs(tmp_path / "old", {0: [{"step_times": [1.0, 2.0, 3.0, 4.0]}]})
-    assert observed.throughput(old) is None
+    assert observations.throughput(old) is None
 
 
 def replica_ranks(tmp_path: Path, buffers: dict[int, dict[str, str]], params: dict[int, str] | None = None
-                  ) -> list[observed.Check]:
+                  ) -> list[data_parallel.Check]:
     """The checks of ranks whose final models have these buffer digests (name -> digest), each held by
     a BatchNorm, and these parameter digests (default: all equal)."""
     for rank, digests in buffers.items():
@@ -162,7 +162,7 @@ def replica_ranks(tmp_path: Path, buffers: dict[int, dict[str, str]], params: di
         (tmp_path / f"rank.{rank}.json").write_text(json.dumps({
             "schema": "distlab-observations", "rank": rank, "optimizer_steps": 1, "saves": [], "model": model,
             "errors": [], "process_groups": [], "loader_passes": []}))
-    return observed.checks(observed.load(tmp_path), "gloo", len(buffers))
+    return data_parallel.checks(observations.load(tmp_path), "gloo", len(buffers))
 
 
 def test_divergent_batchnorm_statistics_are_named_with_the_lesson_and_not_called_a_lie(tmp_path):
@@ -176,16 +176,16 @@ def test_divergent_batchnorm_statistics_are_named_with_the_lesson_and_not_called
     assert "BatchNorm lesson" in replicas.detail and "all-reduce" in replicas.detail  # the fix, in one line
     record = {"checks": {"params_identical": {"passed": True}, "buffers_identical": {"passed": True}},
               "metrics": {"final_accuracy": 0.875}}
-    claims = by_name(observed.compare_claims(record, checks, measured_accuracy=0.8516, accuracy_tolerance=0.004))
+    claims = by_name(data_parallel.compare_claims(record, checks, measured_accuracy=0.8516, accuracy_tolerance=0.004))
     # Its parameters are identical: that claim stands. Its buffers are not: that one is contradicted.
     assert set(claims) == {"claim:buffers_identical", "claim:final_accuracy"}
-    accuracy = claims["claim:final_accuracy"]
-    assert (accuracy.passed, accuracy.applicable) == (True, False) and "not comparable" in accuracy.detail
+    claim = claims["claim:final_accuracy"]
+    assert (claim.passed, claim.applicable) == (True, False) and "not comparable" in claim.detail
     # Parameters apart too: every replica claim and the accuracy are contradicted.
     (tmp_path / "params").mkdir()
     checks = replica_ranks(tmp_path / "params", {0: same, 1: apart}, params={1: "q" * 64})
     assert by_name(checks)["replicas_identical"].causes == ("parameters", "buffers")
-    claims = by_name(observed.compare_claims(record, checks, measured_accuracy=0.8516, accuracy_tolerance=0.004))
+    claims = by_name(data_parallel.compare_claims(record, checks, measured_accuracy=0.8516, accuracy_tolerance=0.004))
     assert set(claims) == {"claim:params_identical", "claim:buffers_identical", "claim:final_accuracy"}
     assert not claims["claim:final_accuracy"].passed
 
@@ -197,24 +197,24 @@ def test_one_model_on_every_rank_passes_and_buffers_not_held_by_batchnorm_are_na
     replica_ranks(tmp_path / "other", {0: same, 1: {"bn.running_mean": "b" * 16}})
     (tmp_path / "other" / "rank.0.json").write_text((tmp_path / "other" / "rank.0.json").read_text()
                                                     .replace('"BatchNorm"', '"Embedding"'))
-    checks = observed.checks(observed.load(tmp_path / "other"), "gloo", 2)
+    checks = data_parallel.checks(observations.load(tmp_path / "other"), "gloo", 2)
     detail = by_name(checks)["replicas_identical"].detail
     assert detail.startswith("parameters identical; buffers differ on 1 of 2 ranks") and "lesson" not in detail
 
 
 def test_the_accuracy_claim_tolerance_is_one_test_image():
-    from harness.grade import accuracy_claim_tolerance
+    from harness.commands.grade import accuracy_claim_tolerance
 
     assert accuracy_claim_tolerance(256) == pytest.approx(1 / 256)
     record, tolerance = {"metrics": {"final_accuracy": 219 / 256}}, accuracy_claim_tolerance(256)
-    assert observed.compare_claims(record, [], measured_accuracy=218 / 256, accuracy_tolerance=tolerance) == []
-    assert observed.compare_claims(record, [], measured_accuracy=217 / 256, accuracy_tolerance=tolerance)  # two
+    assert data_parallel.compare_claims(record, [], measured_accuracy=218 / 256, accuracy_tolerance=tolerance) == []
+    assert data_parallel.compare_claims(record, [], measured_accuracy=217 / 256, accuracy_tolerance=tolerance)  # two
 
 
 def test_a_claimed_throughput_far_above_the_harness_timing_is_contradicted():
     record = {"metrics": {"img_per_sec": 100.0}}
-    assert observed.compare_claims(record, [], measured_img_per_sec=80.0) == []  # its own clock, a little apart
-    claims = observed.compare_claims(record, [], measured_img_per_sec=50.0)
+    assert data_parallel.compare_claims(record, [], measured_img_per_sec=80.0) == []  # its own clock, a little apart
+    claims = data_parallel.compare_claims(record, [], measured_img_per_sec=50.0)
     assert [c.name for c in claims] == ["claim:img_per_sec"] and not claims[0].passed
     assert "record claims img_per_sec 100, harness timed 50" in claims[0].detail
 
@@ -234,12 +234,12 @@ def ddp_lab(tmp_path_factory):
 @pytest.mark.integration
 def test_ddp_lab_passes_every_observed_check(ddp_lab):
     observe_dir, _, record = ddp_lab
-    checks = observed.checks(observed.load(observe_dir), "gloo", 2, train_set_size=SMOKE_TRAIN_IMAGES)
+    checks = data_parallel.checks(observations.load(observe_dir), "gloo", 2, train_set_size=SMOKE_TRAIN_IMAGES)
     assert failing(checks) == {}
-    assert observed.compare_claims(record, checks) == []
+    assert data_parallel.compare_claims(record, checks) == []
     # Parameters and BatchNorm statistics alike: the lab averages the statistics before it evaluates.
     assert "parameters and buffers bitwise equal on all 2 ranks" in by_name(checks)["replicas_identical"].detail
-    rank0 = observed.load(observe_dir).ranks[0].model["buffers"]
+    rank0 = observations.load(observe_dir).ranks[0].model["buffers"]
     assert rank0["bn1.running_mean"]["module"] == "BatchNorm" and len(rank0) == 3 * 20  # resnet18: 20 BatchNorms
 
 
@@ -249,7 +249,7 @@ def test_the_harness_times_the_lab_as_its_own_clock_does(ddp_lab):
     """The observer's timing brackets the same steps as the lab's TrainClock (from step 3 on, training
     only): the two agree closely, though the program's clock is never what the grade reads."""
     observe_dir, _, record = ddp_lab
-    timed = observed.throughput(observed.load(observe_dir))
+    timed = observations.throughput(observations.load(observe_dir))
     assert timed is not None and timed / record["metrics"]["img_per_sec"] == pytest.approx(1.0, abs=0.2)
 
 
@@ -257,7 +257,7 @@ def test_the_harness_times_the_lab_as_its_own_clock_does(ddp_lab):
 @pytest.mark.integration
 def test_harness_measures_the_accuracy_itself(ddp_lab, tmp_path):
     observe_dir, lab_args, record = ddp_lab
-    with evaluate.Evaluator(timeout_s=TIMEOUT_S) as evaluator:
+    with accuracy.Evaluator(timeout_s=TIMEOUT_S) as evaluator:
         measured = evaluator.measure(observe_dir, lab_args)
         assert measured["error"] is None, measured
         # A grade keeps one evaluating process for all its runs: the same answer, from the same process.
@@ -279,12 +279,12 @@ def test_harness_measures_the_accuracy_itself(ddp_lab, tmp_path):
     assert measured["total"] == 128
     claimed = record["metrics"]["final_accuracy"]
     assert measured["accuracy"] == pytest.approx(claimed, abs=1e-6)
-    checks = observed.checks(observed.load(observe_dir), "gloo", 2)
-    assert observed.compare_claims(record, checks, measured_accuracy=measured["accuracy"]) == []
+    checks = data_parallel.checks(observations.load(observe_dir), "gloo", 2)
+    assert data_parallel.compare_claims(record, checks, measured_accuracy=measured["accuracy"]) == []
 
     lying = copy.deepcopy(record)
     lying["metrics"]["final_accuracy"] = 0.99
-    claims = observed.compare_claims(lying, checks, measured_accuracy=measured["accuracy"])
+    claims = data_parallel.compare_claims(lying, checks, measured_accuracy=measured["accuracy"])
     assert [c.name for c in claims] == ["claim:final_accuracy"]
     assert f"harness measured {measured['accuracy']:.6g}" in claims[0].detail
 
@@ -297,9 +297,9 @@ def test_tampered_weights_are_refused(ddp_lab, tmp_path):
     shutil.copytree(observe_dir, copied)
     import torch  # the test may; the grader never does
 
-    state = torch.load(copied / evaluate.WEIGHTS_FILE, weights_only=True)
+    state = torch.load(copied / accuracy.WEIGHTS_FILE, weights_only=True)
     state["fc.bias"] += 1.0
-    torch.save(state, copied / evaluate.WEIGHTS_FILE)
-    result = evaluate.evaluate(copied, lab_args)  # in this process: torch is loaded already
+    torch.save(state, copied / accuracy.WEIGHTS_FILE)
+    result = accuracy.measure_accuracy(copied, lab_args)  # in this process: torch is loaded already
     assert result["accuracy"] is None
     assert "not the state the observer saw on rank 0" in result["error"]

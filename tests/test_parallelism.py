@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import plan
+from harness.commands import memory_plan
 
 REPO = Path(__file__).resolve().parent.parent
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
@@ -128,7 +128,7 @@ def test_each_strategy_takes_the_single_process_steps_with_the_memory_of_its_for
     ("deepspeed", "1", "ZeRO-1"), ("deepspeed", "2", "ZeRO-2"), ("deepspeed", "3", "ZeRO-3/FSDP"),
 ])
 def test_the_planners_formula_is_what_real_ranks_hold(request, tmp_path_factory, lab, strategy, row):
-    # `distlab plan` (harness/plan.py) tells users what each rank will hold: the same runs, its rows.
+    # `distlab plan` (harness/commands/memory_plan.py) tells users what each rank will hold: the same runs, its rows.
     if lab == "fsdp":
         _, runs, _ = request.getfixturevalue("fsdp_runs")
         metrics = runs[strategy][2]["metrics"]
@@ -141,7 +141,7 @@ def test_the_planners_formula_is_what_real_ranks_hold(request, tmp_path_factory,
         assert trained.returncode == 0, trained.output
         metrics = {"parameters": trained.record["metrics"]["parameters"],
                    **trained.record["metrics"]["stages"][strategy]}
-    states = plan.model_state_bytes(metrics["parameters"], 2, "adam", "fp32", tool="torch" if lab == "fsdp"
+    states = memory_plan.model_state_bytes(metrics["parameters"], 2, "adam", "fp32", tool="torch" if lab == "fsdp"
                                     else "deepspeed")[row]
     # fp32 training: torch's parameters are the master copy; DeepSpeed's ZeRO keeps one of its own.
     assert states["master"] == (0 if lab == "fsdp" else metrics["parameters"] * 4 / 2)

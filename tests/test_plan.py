@@ -1,4 +1,4 @@
-"""`distlab plan` (harness/plan.py): the lecture's 7B / 13B / 70B examples, and the bad inputs that must
+"""`distlab plan` (harness/commands/memory_plan.py): the lecture's 7B / 13B / 70B examples, and the bad inputs that must
 stop with one line and exit 2. Its formula against the bytes the fsdp lab counts on real ranks:
 tests/test_parallelism.py, on the runs it makes of each strategy."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from harness import cli, plan
+from harness.commands import cli, memory_plan
 
 GB = 1e9
 
@@ -36,19 +36,19 @@ def test_7b_on_8_gpus_of_80gb_needs_zero(capsys):
     ("70B", 32, "ZeRO-3/FSDP"),  # 35 GB
 ])
 def test_the_recommendation_follows_the_model_size(params, gpus, expected):
-    result = plan.plan(plan.parameter_count(params), gpus, 80 * GB)
+    result = memory_plan.plan(memory_plan.parameter_count(params), gpus, 80 * GB)
     assert result["recommendation"]["strategy"] == expected
 
 
 def test_70b_on_8_gpus_says_how_many_it_needs():
-    result = plan.plan(70_000_000_000, 8, 80 * GB)
+    result = memory_plan.plan(70_000_000_000, 8, 80 * GB)
     assert "use at least 16 GPUs" in result["recommendation"]["reason"]  # 1120 GB / 72 GB usable = 15.6
 
 
 def test_activations_are_estimated_only_when_asked(capsys):
     assert cli.main(["plan", "--params", "7B", "--gpus", "8", "--gpu-memory", "80GB"]) == 0
     assert "activations" not in capsys.readouterr().out.splitlines()[3]  # the table's header
-    result = plan.plan(7_000_000_000, 8, 80 * GB, seq_len=4096, batch=1, layers=32, hidden=4096)
+    result = memory_plan.plan(7_000_000_000, 8, 80 * GB, seq_len=4096, batch=1, layers=32, hidden=4096)
     ddp = result["strategies"][0]
     assert ddp["activation_bytes"] == 34 * 4096 * 1 * 4096 * 32  # 18.3 GB
     tensor = next(r for r in result["strategies"] if r["strategy"] == "tensor parallel")
@@ -75,11 +75,11 @@ def test_bad_values_get_one_line_and_exit_2(capsys, args, message):
 
 
 def test_units_and_counts_are_read_as_written():
-    assert plan.parameter_count("7B") == plan.parameter_count("7e9") == 7_000_000_000
-    assert plan.parameter_count("125M") == 125_000_000
-    assert plan.memory_size("80GB") == plan.memory_size("80G") == plan.memory_size("80") == 80e9
-    assert plan.memory_size("80GiB") == 80 * 2**30
-    assert plan.memory_size("24576MiB") == 24 * 2**30
+    assert memory_plan.parameter_count("7B") == memory_plan.parameter_count("7e9") == 7_000_000_000
+    assert memory_plan.parameter_count("125M") == 125_000_000
+    assert memory_plan.memory_size("80GB") == memory_plan.memory_size("80G") == memory_plan.memory_size("80") == 80e9
+    assert memory_plan.memory_size("80GiB") == 80 * 2**30
+    assert memory_plan.memory_size("24576MiB") == 24 * 2**30
 
 
 def test_deepspeed_keeps_an_fp32_master_copy_in_fp32_and_each_row_names_its_tools(capsys):
@@ -93,7 +93,7 @@ def test_deepspeed_keeps_an_fp32_master_copy_in_fp32_and_each_row_names_its_tool
     # 4 + 4 + 12/2, 4 + 16/2, 20/2; DDP (no DeepSpeed) keeps no master copy in fp32.
     assert totals["ZeRO-1"] == pytest.approx(14.0) and totals["ZeRO-2"] == pytest.approx(12.0)
     assert totals["ZeRO-3/FSDP"] == pytest.approx(10.0) and totals["DDP"] == pytest.approx(16.0)
-    torch_totals = {r["strategy"]: r["total_bytes"] / GB for r in plan.plan(1_000_000_000, 2, 80 * GB,
+    torch_totals = {r["strategy"]: r["total_bytes"] / GB for r in memory_plan.plan(1_000_000_000, 2, 80 * GB,
                                                                               precision="fp32")["strategies"]}
     assert torch_totals["ZeRO-1"] == pytest.approx(12.0)
     tools = {r["strategy"]: r["tools"] for r in result["strategies"]}

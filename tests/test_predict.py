@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from harness import cli, predict
-from harness.predict import Host, Link, Step
+from harness.commands import cli, predict, step_model
+from harness.commands.step_model import Host, Link, Step
 from harness.usage import UsageError
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -24,28 +24,28 @@ LINK = Link("test", alpha=1e-5, beta=1e-9)  # 10 us per step, 1 GB/s
     (5, 8e-5 + 1.6e-3, 6e-5 + 2e-3),  # log2(5) rounds up to 3 hops of the tree
 ])
 def test_allreduce_costs_are_the_ring_and_tree_formulas(p, ring, tree):
-    assert predict.ring_allreduce(1e6, p, LINK) == pytest.approx(ring)
-    assert predict.tree_allreduce(1e6, p, LINK) == pytest.approx(tree)
+    assert step_model.ring_allreduce(1e6, p, LINK) == pytest.approx(ring)
+    assert step_model.tree_allreduce(1e6, p, LINK) == pytest.approx(tree)
 
 
 def test_all_gather_and_reduce_scatter_are_each_half_a_ring_all_reduce():
-    assert predict.ring_allgather(1e6, 4, LINK) == pytest.approx(3e-5 + 0.75e-3)
-    assert predict.ring_reduce_scatter(1e6, 4, LINK) == pytest.approx(3e-5 + 0.75e-3)
-    assert predict.ring_allgather(1e6, 1, LINK) == 0.0
+    assert step_model.ring_allgather(1e6, 4, LINK) == pytest.approx(3e-5 + 0.75e-3)
+    assert step_model.ring_reduce_scatter(1e6, 4, LINK) == pytest.approx(3e-5 + 0.75e-3)
+    assert step_model.ring_allgather(1e6, 1, LINK) == 0.0
 
 
 def test_the_ring_wins_on_bandwidth_and_the_tree_on_latency():
     # 1 KB at 1024 ranks: the ring pays 2 x 1023 steps (20.5 ms), the tree 2 x 10 (0.2 ms).
-    assert predict.allreduce(1e3, 1024, LINK) == pytest.approx(predict.tree_allreduce(1e3, 1024, LINK))
-    assert predict.tree_allreduce(1e3, 1024, LINK) == pytest.approx(20 * 1e-5 + 2e3 * 1e-9)
+    assert step_model.allreduce(1e3, 1024, LINK) == pytest.approx(step_model.tree_allreduce(1e3, 1024, LINK))
+    assert step_model.tree_allreduce(1e3, 1024, LINK) == pytest.approx(20 * 1e-5 + 2e3 * 1e-9)
     # 100 MB at 4 ranks: the ring moves 1.5 n, the tree 2 n.
-    assert predict.allreduce(1e8, 4, LINK) == pytest.approx(6e-5 + 0.15)
+    assert step_model.allreduce(1e8, 4, LINK) == pytest.approx(6e-5 + 0.15)
 
 
 def test_gradients_are_cut_into_buckets_of_the_cap():
-    assert predict.buckets(300, 100) == [100, 100, 100]
-    assert predict.buckets(250, 100) == [100, 100, 50]
-    assert predict.buckets(50, 100) == [50]
+    assert step_model.buckets(300, 100) == [100, 100, 100]
+    assert step_model.buckets(250, 100) == [100, 100, 50]
+    assert step_model.buckets(50, 100) == [50]
 
 
 # ------------------------------------------------------------------------------------ steps by hand
@@ -57,47 +57,47 @@ SLOW = Link("slow", alpha=0.0, beta=1e-4)
 
 def test_ddp_overlaps_buckets_with_the_backward():
     # ends: 16.7 + 10 = 26.7; max(23.3, 26.7) + 10 = 36.7; max(30, 36.7) + 10 = 46.7 ms
-    full = predict.ddp_step(STEP, 2, SLOW, Host(), bucket_bytes=100)
+    full = step_model.ddp_step(STEP, 2, SLOW, Host(), bucket_bytes=100)
     assert full["step"] == pytest.approx(0.03 + 0.01 / 3 * 5)
     assert full["compute"] == pytest.approx(0.03) and full["comm_total"] == pytest.approx(0.03)
-    none = predict.ddp_step(STEP, 2, SLOW, Host(overlap=0.0), bucket_bytes=100)
+    none = step_model.ddp_step(STEP, 2, SLOW, Host(overlap=0.0), bucket_bytes=100)
     assert none["step"] == pytest.approx(0.06)  # every bucket after the backward: 30 + 3 x 10
-    half = predict.ddp_step(STEP, 2, SLOW, Host(overlap=0.5), bucket_bytes=100)
+    half = step_model.ddp_step(STEP, 2, SLOW, Host(overlap=0.5), bucket_bytes=100)
     assert half["step"] == pytest.approx(0.03 + 0.5 * 0.05 / 3 + 0.5 * 0.03)
-    assert predict.ddp_step(STEP, 1, SLOW, Host(), bucket_bytes=100)["step"] == pytest.approx(0.03)
+    assert step_model.ddp_step(STEP, 1, SLOW, Host(), bucket_bytes=100)["step"] == pytest.approx(0.03)
 
 
 def test_ranks_sharing_cores_slow_compute_and_communication_alike():
     host = Host(cores=2, threads=1, overlap=0.0)
     assert host.contention(2) == 1.0 and host.contention(4) == 2.0 and Host().contention(1024) == 1.0
     # 4 ranks on 2 cores: compute 60 ms; 3 buckets of ring 2 (3/4) 100 x 1e-4 = 15 ms, twice as slow: 90 ms
-    shared = predict.ddp_step(STEP, 4, SLOW, host, bucket_bytes=100)
+    shared = step_model.ddp_step(STEP, 4, SLOW, host, bucket_bytes=100)
     assert shared["compute"] == pytest.approx(0.06) and shared["step"] == pytest.approx(0.06 + 3 * 0.03)
 
 
 def test_ranks_side_by_side_slow_the_compute_from_two_ranks_on():
     host = Host(side_by_side=1.5)
-    assert predict.ddp_step(STEP, 1, SLOW, host)["compute"] == pytest.approx(0.03)
-    assert predict.ddp_step(STEP, 2, SLOW, host)["compute"] == pytest.approx(0.045)
-    assert predict.fsdp_step(STEP, 2, SLOW, host)["compute"] == pytest.approx(0.045)
+    assert step_model.ddp_step(STEP, 1, SLOW, host)["compute"] == pytest.approx(0.03)
+    assert step_model.ddp_step(STEP, 2, SLOW, host)["compute"] == pytest.approx(0.045)
+    assert step_model.fsdp_step(STEP, 2, SLOW, host)["compute"] == pytest.approx(0.045)
 
 
 def test_fsdp_gathers_twice_and_scatters_once_per_unit():
     # 2 units of 150 bytes at 2 ranks: all-gather and reduce-scatter (1/2) 150 x 1e-4 = 7.5 ms each;
     # per unit forward 5 ms, backward 10 ms.
     # forward  = 7.5 + max(7.5, 5) + 5 = 20 ms; backward = 7.5 + max(15, 10) + 10 + 7.5 = 40 ms
-    fsdp = predict.fsdp_step(STEP, 2, SLOW, Host())
+    fsdp = step_model.fsdp_step(STEP, 2, SLOW, Host())
     assert fsdp["step"] == pytest.approx(0.06) and fsdp["comm_total"] == pytest.approx(2 * 3 * 0.0075)
-    assert predict.fsdp_step(STEP, 1, SLOW, Host())["step"] == pytest.approx(0.03)
+    assert step_model.fsdp_step(STEP, 1, SLOW, Host())["step"] == pytest.approx(0.03)
     # without overlap every collective waits: 30 + 2 units x (7.5 + 7.5 + 7.5) = 75 ms
-    assert predict.fsdp_step(STEP, 2, SLOW, Host(overlap=0.0))["step"] == pytest.approx(0.075)
+    assert step_model.fsdp_step(STEP, 2, SLOW, Host(overlap=0.0))["step"] == pytest.approx(0.075)
 
 
 def test_table_rows_give_throughput_and_efficiency_over_one_rank():
-    rows = predict.table_rows(STEP, SLOW, Host(), [1, 2])
+    rows = step_model.table_rows(STEP, SLOW, Host(), [1, 2])
     one, two = rows
     assert one["ddp_efficiency"] == 1.0 and one["ddp_samples_per_s"] == pytest.approx(3 / 0.03)
-    assert two["ddp_step_s"] == pytest.approx(predict.ddp_step(STEP, 2, SLOW, Host())["step"])
+    assert two["ddp_step_s"] == pytest.approx(step_model.ddp_step(STEP, 2, SLOW, Host())["step"])
     assert two["ddp_samples_per_s"] == pytest.approx(6 / two["ddp_step_s"])
     assert two["ddp_efficiency"] == pytest.approx(0.03 / two["ddp_step_s"])
     assert two["fsdp_efficiency"] == pytest.approx(0.03 / 0.06)
@@ -107,7 +107,7 @@ def test_published_tiers_carry_a_node_over_nvlink_and_more_over_infiniband():
     table = predict.load_table()
     links = predict.published_links(table, alpha_us=None)
     assert sorted(links) == [8, 1024]
-    rows = predict.table_rows(predict.published_step(table, "resnet18"), links, Host(), [1, 8, 16, 1024])
+    rows = step_model.table_rows(predict.published_step(table, "resnet18"), links, Host(), [1, 8, 16, 1024])
     assert [r["link"] for r in rows] == ["dgx-h100-nvlink", "dgx-h100-nvlink", "ib-ndr-400", "ib-ndr-400"]
     assert links[8].busbw_gbps == pytest.approx(460) and links[1024].busbw_gbps == pytest.approx(400)  # low ends
     for name, row in table["interconnects"].items():
@@ -121,16 +121,16 @@ def test_published_tiers_carry_a_node_over_nvlink_and_more_over_infiniband():
 
 def test_the_link_fit_recovers_alpha_and_beta_of_the_ring():
     true = Link("true", alpha=5e-6, beta=2e-10)
-    points = [(n, predict.ring_allreduce(n, 4, true)) for n in (1024, 65536, 1 << 20, 16 << 20)]
-    fitted = predict.fit_link(points, 4)
+    points = [(n, step_model.ring_allreduce(n, 4, true)) for n in (1024, 65536, 1 << 20, 16 << 20)]
+    fitted = step_model.fit_link(points, 4)
     assert fitted.alpha == pytest.approx(5e-6, rel=1e-6) and fitted.beta == pytest.approx(2e-10, rel=1e-6)
 
 
 def test_a_fit_needs_two_ranks_and_two_sizes():
     with pytest.raises(UsageError, match="one rank measures no communication"):
-        predict.fit_link([(8, 1.0), (16, 2.0)], 1)
+        step_model.fit_link([(8, 1.0), (16, 2.0)], 1)
     with pytest.raises(UsageError, match="fewer than 2 sizes"):
-        predict.fit_link([(8, 1.0)], 2)
+        step_model.fit_link([(8, 1.0)], 2)
 
 
 def study(tmp_path, steps: dict[int, list[float]], no_sync: float = 0.03, cores: int = 2):

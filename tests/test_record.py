@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from harness import record
+from harness.run import record
 from labs.common.contract import Record, write_json_atomic
 from labs.common.topology import Topology, detect_topology
 
@@ -94,7 +94,7 @@ def test_topology_from_each_launcher(env, expected):
 
 
 def test_per_epoch_metrics_become_a_csv_beside_the_record(tmp_path):
-    from harness.runner import write_epochs_csv
+    from harness.run.epochs import write_epochs_csv
 
     record = {"metrics": {"train_loss": [2.3, 1.1], "test_accuracy": [0.2, 0.9], "epoch_seconds": [5.0, 4.5],
                           "final_accuracy": 0.9}}

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from conftest import DISTLAB
 
-from harness.runner import run_processes
+from harness.run.processes import run_processes
 
 pytestmark = pytest.mark.integration
 

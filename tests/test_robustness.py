@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import bench_verdict, robustness
-from harness.profiles import load_profile
+from harness.commands import bench_verdict, robustness
+from harness.verdict.profiles import load_profile
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -64,7 +64,7 @@ def test_the_busy_processes_end_with_their_maker_however_it_is_stopped(tmp_path,
 
     import psutil
 
-    code = ("import os, sys, time\nfrom harness.robustness import busy_processes\nimport psutil\n"
+    code = ("import os, sys, time\nfrom harness.commands.robustness import busy_processes\nimport psutil\n"
             "with busy_processes(2):\n"
             "    print(*(c.pid for c in psutil.Process().children()), flush=True)\n"
             "    time.sleep(600)\n")

@@ -2,7 +2,7 @@
 
 Every shipped profile and plan fits the profile schema; a record written by a real lab run, the
 harness's own record and a from-scratch program's minimal record fit the record schema; each field
-harness/record.py requires is required by the schema too; a broken record or profile is refused
+harness/run/record.py requires is required by the schema too; a broken record or profile is refused
 with the field named, by the schema check alone, by load_profile and by the runner.
 """
 
@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import profiles, record, runner, schema_check
-from harness.profiles import tomllib
-from harness.references import REFERENCES
-from harness.runner import RunRequest
+from harness import schema_check
+from harness.run import accounting, record, runner
+from harness.run.request import RunRequest
+from harness.verdict import profiles
+from harness.verdict.profiles import tomllib
+from harness.verdict.references import REFERENCES
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = sorted((REPO / "harness/profiles").rglob("*.toml"))
@@ -74,7 +76,7 @@ def test_a_real_lab_record_the_harness_record_and_a_minimal_record_fit(lab_recor
     assert lab_record["lab"] == "check" and lab_record["status"] == "ok"
     assert schema_check.problem(lab_record, schema_check.RECORD_SCHEMA) is None
     request = RunRequest(lab="check", program=Path("x.py"), world_size=2, launcher="python", backend="gloo")
-    harness_record = runner._harness_record(request, "rank 1 exited with code 3")
+    harness_record = accounting.harness_record(request, "rank 1 exited with code 3")
     assert schema_check.problem(harness_record, schema_check.RECORD_SCHEMA) is None
     assert schema_check.problem(minimal_record(), schema_check.RECORD_SCHEMA) is None
     record.validate(minimal_record())  # the harness's own reader agrees
@@ -120,7 +122,7 @@ def test_a_broken_record_is_refused_with_the_field_named(dotted, value, message)
     found = schema_check.problem(_set(minimal_record(), dotted, value), schema_check.RECORD_SCHEMA)
     assert found is not None and found.startswith(message), found
     with pytest.raises(record.RecordError, match=r"^where: .*record\.schema\.json"):
-        schema_check.check_record(_set(minimal_record(), dotted, value), "where")
+        record.check_record(_set(minimal_record(), dotted, value), "where")
 
 
 def test_fields_the_contract_leaves_open_stay_open():

@@ -4,7 +4,7 @@ Run with `nox -s slurm`: it installs slurm-wlm, munge and libpmix-dev where miss
 cluster (tests/slurm_cluster.py) and runs this file in it. Without that cluster every test here
 skips, saying so. Each job is submitted with `sbatch --wait`; what a test holds against it is the
 job's exit, its state in `sacct` and what it left: the records, and for DDP what the harness's
-observer saw on the ranks of both nodes, judged by harness/observed.py as a grade judges a run.
+observer saw on the ranks of both nodes, judged by harness/observe/observations.py as a grade judges a run.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import evaluate, observed, slurm, templates
-from harness.grade import accuracy_claim_tolerance
-from harness.runner import RUN_DIR_PLACEHOLDER
+from harness.commands import slurm
+from harness.commands.grade import accuracy_claim_tolerance
+from harness.observe import accuracy, data_parallel, observations
+from harness.run import job_templates
+from harness.run.run_dir import RUN_DIR_PLACEHOLDER
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = os.environ.get("DISTLAB_SLURM_CLUSTER")
@@ -61,9 +63,9 @@ def accounted(job_id: str) -> dict[str, str]:
 @cluster
 def test_a_failing_rank_fails_the_job_in_sacct(tmp_path):
     """The checks below read success from sbatch and sacct: a job whose rank fails must read as failed."""
-    shape = templates.JobShape("check", nodes=2, gpus_per_node=0, backend="gloo", cpus_per_task=1, port=_port(),
+    shape = job_templates.JobShape("check", nodes=2, gpus_per_node=0, backend="gloo", cpus_per_task=1, port=_port(),
                                lab_args=("--fail-rank", "1"))
-    job_id, code, output = submit(templates.render("slurm-torchrun", shape), tmp_path)
+    job_id, code, output = submit(job_templates.render("slurm-torchrun", shape), tmp_path)
     assert code != 0, output
     row = accounted(job_id)
     assert row["State"] == "FAILED" and row["ExitCode"] != "0:0", row
@@ -72,8 +74,8 @@ def test_a_failing_rank_fails_the_job_in_sacct(tmp_path):
 @pytest.mark.integration
 @cluster
 def test_check_lab_through_slurm_torchrun_on_cpu_nodes(tmp_path):
-    shape = templates.JobShape("check", nodes=2, gpus_per_node=0, backend="gloo", cpus_per_task=1, port=_port())
-    script = templates.render("slurm-torchrun", shape)
+    shape = job_templates.JobShape("check", nodes=2, gpus_per_node=0, backend="gloo", cpus_per_task=1, port=_port())
+    script = job_templates.render("slurm-torchrun", shape)
     assert "--gpus-per-node" not in script.replace("(--gpus-per-node 0)", "")  # no GPU asked of a CPU cluster
     job_id, code, output = submit(script, tmp_path)
     assert code == 0, output
@@ -93,26 +95,26 @@ def test_ddp_through_slurm_torchrun_is_graded_across_both_nodes(tmp_path):
     """The observed checks hold over the ranks of both nodes, one rank wrote each checkpoint, and
     the record's claims (accuracy included, measured from rank 0's weights) are not contradicted."""
     lab_args = ("--smoke", "--checkpoint", f"{RUN_DIR_PLACEHOLDER}/checkpoint.pt")  # each node's own run dir
-    shape = templates.JobShape("ddp", nodes=2, gpus_per_node=0, backend="gloo", cpus_per_task=1, port=_port(),
+    shape = job_templates.JobShape("ddp", nodes=2, gpus_per_node=0, backend="gloo", cpus_per_task=1, port=_port(),
                                lab_args=lab_args)
-    job_id, code, output = submit(templates.render("slurm-torchrun", shape), tmp_path)
+    job_id, code, output = submit(job_templates.render("slurm-torchrun", shape), tmp_path)
     assert code == 0, output
     assert accounted(job_id)["State"] == "COMPLETED"
     job = tmp_path / "results" / f"slurm-{job_id}"
     observe_dirs = sorted(job.glob("node*/ddp/*/observe"))
     assert len(observe_dirs) == 2, observe_dirs  # both nodes' records kept
-    per_node = [set(observed.load(d).ranks) for d in observe_dirs]
+    per_node = [set(observations.load(d).ranks) for d in observe_dirs]
     assert per_node in ([{0}, {1}], [{1}, {0}])  # each node saw its own rank, and only it
     merged = slurm.merged_observations(observe_dirs)
     (record_path,) = [p for p in job.rglob("record.json") if json.loads(p.read_text())["status"] == "ok"]
     record = json.loads(record_path.read_text())
-    with evaluate.Evaluator() as evaluator:
+    with accuracy.Evaluator() as evaluator:
         measurement = evaluator.measure(merged.directory, ["--smoke"])  # the test set of the lab's arguments
     assert measurement.get("accuracy") is not None, measurement
-    checks = observed.checks(merged, "gloo", 2, train_set_size=measurement.get("train_size"))
-    checks += observed.compare_claims(record, checks, measurement["accuracy"],
+    checks = data_parallel.checks(merged, "gloo", 2, train_set_size=measurement.get("train_size"))
+    checks += data_parallel.compare_claims(record, checks, measurement["accuracy"],
                                       accuracy_claim_tolerance(measurement.get("total")),
-                                      measured_img_per_sec=observed.throughput(merged))
+                                      measured_img_per_sec=observations.throughput(merged))
     failed = [f"{c.name}: {c.detail}" for c in checks if not c.passed]
     assert not failed, failed
     by_name = {c.name: c for c in checks}
@@ -127,9 +129,9 @@ def test_ddp_through_slurm_torchrun_is_graded_across_both_nodes(tmp_path):
 @pytest.mark.parametrize(("lab", "backend", "lab_args"), [("check", "mpi", ()), ("horovod", "horovod", ("--smoke",))],
                          ids=["mpi4py", "horovod"])
 def test_slurm_mpi_starts_the_ranks_with_srun_and_pmix(tmp_path, lab, backend, lab_args):
-    shape = templates.JobShape(lab, nodes=2, gpus_per_node=0, backend=backend, cpus_per_task=1, port=_port(),
+    shape = job_templates.JobShape(lab, nodes=2, gpus_per_node=0, backend=backend, cpus_per_task=1, port=_port(),
                                lab_args=lab_args)
-    job_id, code, output = submit(templates.render("slurm-mpi", shape), tmp_path)
+    job_id, code, output = submit(job_templates.render("slurm-mpi", shape), tmp_path)
     assert code == 0, output
     row = accounted(job_id)
     assert (row["State"], row["ExitCode"], row["NodeList"]) == ("COMPLETED", "0:0", "n[1-2]")
@@ -168,7 +170,7 @@ def test_distlab_grade_runs_its_cells_as_a_slurm_job_array(tmp_path):
 def _observation(folder: Path, rank: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"rank.{rank}.json").write_text(json.dumps({
-        "schema": observed.OBSERVATIONS_SCHEMA, "rank": rank, "process_groups": [], "optimizer_steps": 0,
+        "schema": observations.OBSERVATIONS_SCHEMA, "rank": rank, "process_groups": [], "optimizer_steps": 0,
         "loader_passes": [], "saves": [], "model": None, "errors": []}))
 
 
@@ -176,14 +178,14 @@ def test_the_nodes_observations_are_judged_as_one_run(tmp_path):
     node0, node1 = tmp_path / "node0" / "observe", tmp_path / "node1" / "observe"
     _observation(node0, 1)
     _observation(node1, 0)
-    (node1 / observed.WEIGHTS_FILE).write_bytes(b"")
+    (node1 / observations.WEIGHTS_FILE).write_bytes(b"")
     merged = slurm.merged_observations([node0, node1])
     assert sorted(merged.ranks) == [0, 1] and not merged.problems
     assert merged.directory == node1  # rank 0's node: the weights the grader evaluates
     _observation(tmp_path / "node2" / "observe", 1)  # a rank claimed by two nodes is never merged away
     merged = slurm.merged_observations([node0, node1, tmp_path / "node2" / "observe"])
     assert any("rank 1 observed on two nodes" in problem for problem in merged.problems)
-    assert not observed.check_observer(merged).passed
+    assert not data_parallel.check_observer(merged).passed
 
 
 def test_the_grade_array_has_one_task_per_cell():
@@ -196,7 +198,7 @@ def test_the_grade_array_has_one_task_per_cell():
 
 
 def test_grade_slurm_without_slurm_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
-    from harness import cli
+    from harness.commands import cli
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
     monkeypatch.chdir(tmp_path)

@@ -1,4 +1,4 @@
-"""TensorBoard event files from a run's per-epoch metrics (harness/tensorboard.py, distlab[tensorboard]).
+"""TensorBoard event files from a run's per-epoch metrics (harness/run/tensorboard.py, distlab[tensorboard]).
 
 The event files are read back with TensorBoard's own EventAccumulator: every metric of every epoch
 is there with its value, nothing else is, and without the extra nothing is written and nothing fails.
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import runner, tensorboard
-from harness.runner import RunRequest, write_epochs_csv
+from harness.run import runner, tensorboard
+from harness.run.epochs import write_epochs_csv
+from harness.run.request import RunRequest
 
 NEEDS_EXTRA = pytest.mark.skipif(not tensorboard.available(),
                                  reason="tensorboard is not installed: pip install 'distlab[tensorboard]'")
@@ -46,7 +47,7 @@ def test_every_metric_of_every_epoch_is_a_scalar_read_back_with_its_value(tmp_pa
 @NEEDS_EXTRA
 def test_the_harness_writes_them_without_importing_torch(tmp_path):
     # After every run: importing torch for it cost the harness 1.4 s of CPU per run.
-    probe = ("import sys; from pathlib import Path; from harness import tensorboard; "
+    probe = ("import sys; from pathlib import Path; from harness.run import tensorboard; "
              f"tensorboard.write_epochs(Path(sys.argv[1]), {COLUMNS!r}, {ROWS!r}); print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "tensorboard")], capture_output=True,
                           text=True, timeout=120, check=True)

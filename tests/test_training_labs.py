@@ -16,10 +16,11 @@ import pytest
 import torch
 from conftest import SMOKE_TRAIN_IMAGES, assert_valid_record, run_lab
 
-from harness import bench_train, observed
-from harness.record import validate
-from harness.runner import run_processes
-from labs.common.training import build_model
+from harness.commands import bench_train
+from harness.observe import data_parallel, observations
+from harness.run.processes import run_processes
+from harness.run.record import validate
+from labs.common.models import build_model
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -129,14 +130,14 @@ def test_each_lab_writes_a_valid_record(distlab_run, lab, world_size, launcher, 
     assert_valid_record(result.record, lab, world_size, train_images=SMOKE_TRAIN_IMAGES)
     if (lab, world_size, launcher) == ("horovod", 2, None):
         # What the harness's observer saw of Horovod under horovodrun (the ddp lab's: tests/test_observer.py).
-        observations = observed.load(result.run_dir / "observe")
-        checks = observed.checks(observations, "horovod", 2, train_set_size=SMOKE_TRAIN_IMAGES)
+        seen = observations.load(result.run_dir / "observe")
+        checks = data_parallel.checks(seen, "horovod", 2, train_set_size=SMOKE_TRAIN_IMAGES)
         assert {check.name: check.detail for check in checks if not check.passed} == {}
         # DistributedOptimizer.step calls the wrapped optimizer's: counted once, 2 epochs x 4 steps.
         steps = next(check for check in checks if check.name == "optimizer_steps_equal")
         assert steps.detail == "every rank took 8 optimizer steps"
-        assert {g["controller"] for r in observations.ranks.values() for g in r.process_groups} == {"gloo"}
-        assert observed.compare_claims(result.record, checks) == []
+        assert {g["controller"] for r in seen.ranks.values() for g in r.process_groups} == {"gloo"}
+        assert data_parallel.compare_claims(result.record, checks) == []
 
 
 def test_a_world_size_too_large_for_the_data_is_refused(distlab_run):
@@ -224,11 +225,11 @@ def calls(lab: str, function: str) -> list[str]:
 @pytest.mark.parametrize(("lab", "steps"), [
     # pytorch/examples' multigpu_torchrun.py, step for step.
     ("ddp", ["torch.cuda.set_device", "dist.init_process_group", "DistributedSampler", "DDP", "sampler.set_epoch",
-             "training.save_checkpoint", "dist.barrier", "dist.destroy_process_group"]),
+             "checkpoints.save_checkpoint", "dist.barrier", "dist.destroy_process_group"]),
     # Horovod's examples/pytorch/pytorch_mnist.py, step for step.
     ("horovod", ["hvd.init", "torch.cuda.set_device", "hvd.DistributedOptimizer", "hvd.broadcast_parameters",
                  "hvd.broadcast_optimizer_state", "DistributedSampler", "sampler.set_epoch",
-                 "training.save_checkpoint", "hvd.barrier", "hvd.shutdown"]),
+                 "checkpoints.save_checkpoint", "hvd.barrier", "hvd.shutdown"]),
 ])
 def test_a_distributed_lab_takes_every_step_in_its_own_file(lab, steps):
     # Each step where a student reads it (labs/TRAINING.md), in the tutorials' order, and the same

@@ -31,13 +31,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import doctor, grade, profiles
-from harness.catalog import LABS, REPO
+from harness.catalog import REPO, find_lab
 from harness.classgrade import job as jobs
 from harness.classgrade import lessons, outputs, rubric, sandbox
+from harness.commands import doctor, grade
 from harness.console import console
 from harness.files import write_json
 from harness.usage import UsageError, positive_int, world_size_list
+from harness.verdict import profiles
 
 STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+@-]{0,63}")
 MAX_PROGRAM_BYTES = 1 << 20
@@ -288,8 +289,7 @@ def run(args: argparse.Namespace) -> int:
         return bundle.write(args)
     if not args.submissions.is_dir():
         raise UsageError(f"submissions folder {args.submissions} does not exist (one folder or .py file per student)")
-    if args.lab not in LABS:
-        raise UsageError(f"unknown lab {args.lab!r}; choose from: {', '.join(LABS)}")
+    find_lab(args.lab)
     rubric_path = args.rubric or rubric.DEFAULT.with_name(f"{args.lab}.toml")
     if not args.rubric and not rubric_path.is_file():
         raise UsageError(f"no rubric ships for lab {args.lab}; give one with --rubric (format: {rubric.DEFAULT})")

@@ -29,12 +29,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import files, grade
+from harness import files
 from harness.catalog import REPO
 from harness.classgrade import sandbox
-from harness.runner import OBSERVE_DIR, RunRequest
-from harness.verdicts import Sample, Verdict
-from harness.verdicts import evaluate as evaluate_verdicts
+from harness.commands import grade
+from harness.run.request import RunRequest
+from harness.run.run_dir import OBSERVE_DIR
+from harness.verdict.verdicts import Sample, Verdict, grade_verdicts
 
 OBSERVATIONS = "observations.json"
 OUTPUT_READ_BYTES = 256 << 10  # of each log, read for the sandbox's refusals
@@ -46,8 +47,8 @@ class SandboxedPlan(grade.GradePlan):
 
     sandbox: list[str] = dataclasses.field(default_factory=list)
 
-    def request(self, lab: str, world_size: int, course: bool = False) -> RunRequest:
-        request = super().request(lab, world_size, course)
+    def build_request(self, lab: str, world_size: int, course: bool = False) -> RunRequest:
+        request = super().build_request(lab, world_size, course)
         return dataclasses.replace(request, sandbox=list(self.sandbox)) if self.sandbox else request
 
 
@@ -60,7 +61,7 @@ def grade_args(job: dict[str, Any]) -> argparse.Namespace:
 
 def plan_for(job: dict[str, Any], sandbox_prefix: list[str] | None = None) -> SandboxedPlan:
     base = grade.plan(grade_args(job))
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(grade.GradePlan)}
+    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(grade.GradePlan) if f.init}
     return SandboxedPlan(**fields, sandbox=sandbox_prefix or [])
 
 
@@ -70,7 +71,7 @@ def verdicts_for(grade_plan: grade.GradePlan, done: dict[tuple[str, int], list[S
     pair = getattr(grade, "pair_references", None)  # each run's own reference (the paired ratios), where grade has it
     if pair is not None:
         pair(grade_plan, done, references)
-    return evaluate_verdicts(grade_plan.profile, grade_plan.labs, done, grade.reference_rates(grade_plan, references))
+    return grade_verdicts(grade_plan.profile, grade_plan.labs, done, grade.reference_rates(grade_plan, references))
 
 
 def _samples_to_json(runs: dict[tuple[str, int], list[Sample]]) -> dict[str, list[dict[str, Any]]]:

@@ -22,8 +22,8 @@ from typing import Any
 from harness.classgrade import lessons
 from harness.classgrade.rubric import Rubric, Score
 from harness.files import write_bytes, write_json
-from harness.report import figures, md_cell, page
-from harness.verdicts import Verdict
+from harness.report.pages import figures, md_cell, page
+from harness.verdict.verdicts import Verdict
 
 UNSANDBOXED = ("Graded WITHOUT the sandbox (--no-sandbox): submissions ran with the grader's rights; "
                "limits, network and file isolation were not enforced.")
@@ -199,7 +199,7 @@ def _histogram(outcomes: list[Outcome], rubric: Rubric, out: Path) -> Path | Non
     scores = [o.score for o in outcomes if o.score is not None]
     if not scores:
         return None
-    from harness.plots import pyplot  # one matplotlib setup (Agg) for every PNG
+    from harness.report.plots import pyplot  # one matplotlib setup (Agg) for every PNG
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3))

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.classgrade.sandbox import GIB, Limits
-from harness.profiles import tomllib
 from harness.usage import UsageError
-from harness.verdicts import Verdict
+from harness.verdict.profiles import tomllib
+from harness.verdict.verdicts import Verdict
 
 DEFAULT = Path(__file__).resolve().parent / "rubrics" / "ddp.toml"
 VISIBILITY = ("visible", "hidden", "after_due_date")

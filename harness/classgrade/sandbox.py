@@ -295,7 +295,7 @@ def bwrap_argv(spec: Spec, run_dir: str, command: list[str], tool: str = "bwrap"
 
 def prefix(spec_path: Path, python: str = sys.executable) -> list[str]:
     """The sandbox as a RunRequest.sandbox prefix: this file, run by the grader's interpreter, isolated."""
-    from harness.runner import RUN_DIR_PLACEHOLDER
+    from harness.run.run_dir import RUN_DIR_PLACEHOLDER
 
     return [python, "-I", str(HERE), str(spec_path), RUN_DIR_PLACEHOLDER, "--"]
 

@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node 2 harness/classgrade/unused_cost.py [--steps 30] [--rounds 3] [--stem cifar]
 
-The labs' model (training.build_model; the smoke runs' standard stem by default) with a second
+The labs' model (models.build_model; the smoke runs' standard stem by default) with a second
 head that only even steps use, a branch some steps do not take; DDP over gloo, batch 32 per rank.
 Each setting is timed in rounds, A B C A B C ..., so that the machine's load falls on all of them
 alike; rank 0 prints the median ms per step of each:
@@ -26,13 +26,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from labs.common import training
+from labs.common import models
 
 
 class TwoHeads(torch.nn.Module):
     def __init__(self, stem: str) -> None:
         super().__init__()
-        self.body = training.build_model(stem)
+        self.body = models.build_model(stem)
         self.aux = torch.nn.Linear(10, 10)  # used on even steps only
 
     def forward(self, images: torch.Tensor, use_aux: bool) -> torch.Tensor:

@@ -373,7 +373,6 @@ PRIMITIVES: tuple[Primitive, ...] = (
         horovod=na(HVD_NO_P2P),
     ),
 )
-BY_NAME = {p.name: p for p in PRIMITIVES}
 
 
 def lookup(name: str) -> Primitive:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from labs.common.training import TrainClock
+    from labs.common.timing import TrainClock
 
 
 def _digest(tensors: Iterator[tuple[str, torch.Tensor]]) -> str:

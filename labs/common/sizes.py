@@ -16,10 +16,3 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"size {text!r} is not a number of bytes like 8, 1K, 8M or 1G")
     return int(match[1]) * UNITS[match[2]]
 
-
-def format_size(size: int) -> str:
-    """The shortest exact form: 1048576 -> 1M, 1536 -> 1536."""
-    for unit in ("G", "M", "K"):
-        if size and size % UNITS[unit] == 0:
-            return f"{size // UNITS[unit]}{unit}"
-    return str(size)

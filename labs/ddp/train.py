@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data.distributed import DistributedSampler
 
-from labs.common import faults, process_group, replicas, training
+from labs.common import checkpoints, data, faults, flags, models, optim, process_group, replicas, timing
 from labs.common.batchnorm import convert_to_global_batchnorm
 from labs.common.contract import add_contract_args, lab_run
 from labs.common.topology import detect_topology, say
@@ -32,7 +32,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # nccl: GPU to GPU over NVLink/InfiniBand; gloo: CPUs (and a fallback for GPUs)
     add_contract_args(parser, ["gloo", "nccl"], default_backend="nccl" if torch.cuda.is_available() else "gloo")
-    training.add_training_args(parser)
+    flags.add_training_args(parser)
     ddp = parser.add_argument_group("DDP")
     ddp.add_argument("--bucket-cap-mb", type=float, default=25.0,
                      help="DDP all-reduces gradients in buckets of about this size as backward fills them: "
@@ -42,19 +42,19 @@ def parse_args(argv=None):
                           "labs/common/batchnorm.py on CPUs)")
     faults.add_fault_arg(ddp)
     args = parser.parse_args(argv)
-    training.resolve_training_args(parser, args)
+    flags.resolve_training_args(parser, args)
     return args
 
 
-def train_one_epoch(model, loader, optimizer, schedule, precision, clock, args, device, rank):
+def train_one_epoch(model, loader, *, optimizer, schedule, precision, clock, args, device, rank):
     """One pass over this rank's shard; returns the mean training loss and the sample indices trained on."""
     model.train()
-    training.set_bn_eval(model, args.bn_eval)
+    models.set_bn_eval(model, args.bn_eval)
     loss_sum = torch.zeros((), device=device)  # summed on the device: no GPU sync at every step
     order = []  # this rank's samples, in order: the end-of-run checks compare them across ranks
     for images, labels, indices in loader:
         order += indices.tolist()
-        images, labels = training.to_device(images, labels, device, args.channels_last)
+        images, labels = models.to_device(images, labels, device, args.channels_last)
         micro_batches = zip(images.chunk(args.accumulate), labels.chunk(args.accumulate), strict=True)
         # FAULT INJECTION (--fault skip): on its rank and step, every micro-batch runs inside no_sync,
         # so this rank leaves the step's all-reduce out, as a bug in a rank's control flow would.
@@ -78,7 +78,7 @@ def train_one_epoch(model, loader, optimizer, schedule, precision, clock, args, 
 
 
 def evaluate(model, loader, precision, args, device):
-    counts = training.count_correct(model, loader, precision, args, device)
+    counts = models.count_correct(model, loader, precision, args, device)
     # Each rank counted its own shard of the test set, and the shards hold every test image exactly
     # once (no padding, see the test loader): the sums are the whole test set's counts.
     dist.all_reduce(counts)
@@ -92,7 +92,7 @@ def main(argv=None):
 
     with lab_run("ddp", args, topology) as record:
         # One process per device: local rank i drives GPU i on its node.
-        device = training.pick_device(args, topology.local_rank)
+        device = models.pick_device(args, topology.local_rank)
         if args.backend == "nccl" and device.type != "cuda":
             raise SystemExit("error: backend nccl needs GPUs and this run has none (none visible, or --device cpu); "
                              "use --backend gloo")
@@ -112,16 +112,16 @@ def main(argv=None):
         dist.init_process_group(args.backend, store=store, rank=topology.rank, world_size=topology.world_size,
                                 timeout=timeout, device_id=device if args.backend == "nccl" else None)
         torch.manual_seed(args.seed)
-        train_set, test_set = training.load_datasets(args)
+        train_set, test_set = data.load_datasets(args)
         global_batch = args.batch_size * topology.world_size
-        steps = training.steps_per_epoch(len(train_set), global_batch)
+        steps = optim.steps_per_epoch(len(train_set), global_batch)
         # Linear scaling rule (Goyal et al., 2017): every step now averages the gradients of
         # world_size batches, a world_size times larger global batch, so the learning rate grows by
         # the same factor. The warm-up (--warmup-epochs) ramps it in: the scaled rate is too large
         # for the first steps of training.
         lr = args.lr * topology.world_size
 
-        model = training.build_model(args.stem).to(device)
+        model = models.build_model(args.stem).to(device)
         if args.sync_bn:
             # Small per-GPU batches give noisy BatchNorm statistics; SyncBatchNorm computes them over
             # the global batch, at the cost of an all-reduce in every BatchNorm layer of the forward.
@@ -130,29 +130,29 @@ def main(argv=None):
                      else convert_to_global_batchnorm(model))
         if args.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        optimizer = training.make_optimizer(model, lr, args)
-        precision = training.make_precision(args, device)
-        first_epoch, step, history = 0, 0, training.History.empty()
+        optimizer = optim.make_optimizer(model, lr, args)
+        precision = models.make_precision(args, device)
+        first_epoch, step, history = 0, 0, timing.History.empty()
         # Elastic restarts (torchrun --max-restarts N): after a rank fails, torchrun starts every
         # rank again and counts in TORCHELASTIC_RESTART_COUNT; the run goes on from its last checkpoint.
         restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         record.metrics["restarts"] = restarts
         if args.resume or (restarts and args.checkpoint is not None and args.checkpoint.is_file()):
-            # Every rank reads the checkpoint onto its own device (training.load_checkpoint maps it there).
-            first_epoch, step, history = training.load_checkpoint(args.checkpoint, model, optimizer, device,
+            # Every rank reads the checkpoint onto its own device (checkpoints.load_checkpoint maps it there).
+            first_epoch, step, history = checkpoints.load_checkpoint(args.checkpoint, model, optimizer, device,
                                                                   args, global_batch)
-        schedule = training.make_schedule(optimizer, steps, args, step)
+        schedule = optim.make_schedule(optimizer, steps, args, step)
 
         # Each rank trains on its own 1/world_size of every epoch's permutation; the shared seed makes
         # all ranks draw the same permutation, so the shards are disjoint. drop_last: trim the
         # permutation to a multiple of the world size instead of padding it with repeated samples.
         sampler = DistributedSampler(train_set, num_replicas=topology.world_size, rank=topology.rank,
                                      shuffle=True, seed=args.seed, drop_last=True)
-        train_batches = training.train_loader(train_set, sampler, args.batch_size, args)
+        train_batches = data.train_loader(train_set, sampler, args.batch_size, args)
         # The test set is split by striding, not by DistributedSampler, which would pad the last
         # shards with repeated images and count them twice.
         test_shard = range(topology.rank, len(test_set), topology.world_size)
-        test_batches = training.test_loader(test_set, 4 * args.batch_size, args, test_shard)
+        test_batches = data.test_loader(test_set, 4 * args.batch_size, args, test_shard)
         # DDP broadcasts rank 0's parameters and buffers, so every replica starts equal, and from
         # then on averages the gradients in buckets while backward is still running.
         # gradient_as_bucket_view: the gradients live in the buckets, saving a copy of every
@@ -163,14 +163,15 @@ def main(argv=None):
                       f"{device}, {args.precision}, batch {global_batch}, lr {lr:g}, {steps} steps/epoch, "
                       f"world size {topology.world_size}, {args.backend}")
 
-        clock = training.TrainClock(device)
+        clock = timing.TrainClock(device)
         orders = []
         for epoch in range(first_epoch, args.epochs):
             started = time.perf_counter()
             sampler.set_epoch(epoch)  # without it every epoch repeats epoch 0's order on every rank
             clock.start_epoch()
-            loss, order = train_one_epoch(model, train_batches, optimizer, schedule, precision, clock, args, device,
-                                          topology.rank)
+            loss, order = train_one_epoch(model, train_batches, optimizer=optimizer, schedule=schedule,
+                                          precision=precision, clock=clock, args=args, device=device,
+                                          rank=topology.rank)
             epoch_seconds = clock.end_epoch()
             orders.append(order)
             # Each rank's loss is over its own shard: report the average over ranks.
@@ -186,19 +187,19 @@ def main(argv=None):
             if args.checkpoint:
                 if topology.is_rank0:  # the replicas are identical: one writer is enough
                     # model.module: without DDP's "module." prefix, so the baseline can load it too.
-                    training.save_checkpoint(args.checkpoint, model.module, optimizer, epoch + 1,
+                    checkpoints.save_checkpoint(args.checkpoint, model.module, optimizer, epoch + 1,
                                              schedule.last_epoch, history, args, global_batch)
                 # No rank starts the next epoch before the file is complete: whichever rank fails
                 # next, this epoch's checkpoint is there to resume from.
                 dist.barrier()
-            say(topology, training.epoch_line(epoch, args, history))
+            say(topology, timing.epoch_line(epoch, args, history))
 
         # Every rank sends its parameters' and buffers' digests and sample order; rank 0 checks them for the record.
         reports = [None] * topology.world_size
         mine = replicas.replica_report(topology.rank, model.module, orders, clock, device)
         dist.all_gather_object(reports, mine)
         img_per_sec = replicas.check_replicas(record, reports, len(train_set), global_batch, first_epoch)
-        training.report(record, history, clock, args, lr, global_batch, img_per_sec)
+        timing.report(record, history, clock, args, lr, global_batch, img_per_sec)
         say(topology, f"ddp: {img_per_sec or 0:.0f} img/s, final accuracy {history.test_accuracy[-1]:.4f}")
         # Leave the process group on every rank: it closes the connections and stops the backend's
         # threads in order, where an exit without it can hang or warn (NCCL does).

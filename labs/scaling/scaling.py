@@ -33,10 +33,11 @@ import torch.nn.functional as F
 
 from labs.common.comm import connect
 from labs.common.contract import add_contract_args, lab_run
+from labs.common.data import CLASSES, IMAGE_SHAPE
+from labs.common.models import build_model, make_precision
 from labs.common.replicas import params_digest
 from labs.common.timing import synchronize
 from labs.common.topology import detect_topology, say
-from labs.common.training import CLASSES, IMAGE_SHAPE, build_model, make_precision
 
 # Defaults a flag takes when it is not given; SMOKE runs in seconds on a CPU (tests use it).
 FULL = {

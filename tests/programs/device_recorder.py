@@ -12,7 +12,7 @@ and NCCL refuses it ("No backend type associated with device type cpu"). A Torch
 marks those tensors and what is computed from them; each collective records, for every tensor it
 gets, its device, whether it is marked ("unplaced"), and whether it is contiguous (Horovod refuses
 the others). The device the lab chose is read where the labs choose it: labs.common's
-init_torch_distributed, comm.connect and training.pick_device.
+init_torch_distributed, comm.connect and models.pick_device.
 """
 
 from __future__ import annotations
@@ -111,13 +111,13 @@ def _wrap(namespace, name: str, op: str, chosen_from=None) -> None:
 
 
 def install() -> None:
-    from labs.common import comm, process_group, training
+    from labs.common import comm, models, process_group
 
     for name in TORCH_COLLECTIVES:
         _wrap(dist, name, f"torch.distributed.{name}")
     _wrap(process_group, "init_torch_distributed", "", chosen_from=lambda device, a, k: device)
     _wrap(comm, "connect", "", chosen_from=lambda c, a, k: c.device)
-    _wrap(training, "pick_device", "", chosen_from=lambda device, a, k: device)
+    _wrap(models, "pick_device", "", chosen_from=lambda device, a, k: device)
     try:
         import horovod.torch as hvd
         from horovod.torch import functions

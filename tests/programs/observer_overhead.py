@@ -3,7 +3,7 @@
     .nox/env/bin/python tests/programs/observer_overhead.py --repeats 3 -- --smoke --train-size 1024
 
 Each round runs the ddp lab twice through torchrun at world size 2 (1 thread per rank), once
-plain and once observed (DISTLAB_OBSERVE_DIR set, harness/observer first on PYTHONPATH), the order
+plain and once observed (DISTLAB_OBSERVE_DIR set, harness/on_ranks/observer first on PYTHONPATH), the order
 alternating between rounds so drifting load hits both alike. Prints each run's img_per_sec (the
 lab's own, training steps only) and the ratio observed/plain of the medians and of the best runs.
 
@@ -50,7 +50,8 @@ def lab_run(observed: bool, lab_args: list[str], where: Path) -> float:
     env = {k: v for k, v in os.environ.items() if k != "DISTLAB_OBSERVE_DIR"}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     if observed:
-        env.update(DISTLAB_OBSERVE_DIR=str(where / "observe"), PYTHONPATH=f"{REPO / 'harness' / 'observer'}:{REPO}")
+        env.update(DISTLAB_OBSERVE_DIR=str(where / "observe"),
+                   PYTHONPATH=f"{REPO / 'harness' / 'on_ranks' / 'observer'}:{REPO}")
     record = where / "record.json"
     subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(REPO / "labs/ddp/train.py"),
                     "--backend", "gloo", "--record", str(record), *lab_args], env=env, cwd=REPO, check=True,
@@ -65,7 +66,7 @@ def hook_cost(observed: bool, where: Path) -> tuple[float, float]:
     env = {k: v for k, v in os.environ.items() if k != "DISTLAB_OBSERVE_DIR"}
     env.update(OMP_NUM_THREADS="1")
     if observed:
-        env.update(DISTLAB_OBSERVE_DIR=str(where / "hooks"), PYTHONPATH=str(REPO / "harness" / "observer"))
+        env.update(DISTLAB_OBSERVE_DIR=str(where / "hooks"), PYTHONPATH=str(REPO / "harness" / "on_ranks" / "observer"))
     out = subprocess.run([sys.executable, "-c", HOOK_COST], env=env, check=True, capture_output=True, text=True)
     fetch, step = map(float, out.stdout.split())
     return fetch, step

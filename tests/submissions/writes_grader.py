@@ -2,10 +2,10 @@
 import os
 import pathlib
 
-import harness.verdicts  # on every rank's path: the harness itself
+import harness.verdict.verdicts  # on every rank's path: the harness itself
 
 failures = []
-targets = [pathlib.Path(harness.verdicts.__file__),  # the grader's code
+targets = [pathlib.Path(harness.verdict.verdicts.__file__),  # the grader's code
            pathlib.Path(os.getcwd()).parents[3] / "gradebook.csv"]  # <class>/jobs/<id>/runs/ddp/<run>: the class folder
 for target in targets:
     try:

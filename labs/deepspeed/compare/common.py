@@ -1,6 +1,6 @@
 """What every program of the comparison shares, so that a diff against single.py shows what a tool adds.
 
-`distlab compare` (harness/compare.py) runs single.py's model (labs/fsdp's, from labs/common) with
+`distlab compare` (harness/commands/compare.py) runs single.py's model (labs/fsdp's, from labs/common) with
 each tool: ddp.py, horovod_train.py, zero1.py, fsdp2.py, deepspeed_zero.py. They take the same
 steps on the same global batch; each measures its step time and the bytes of tensors alive on
 every rank, the same way, and rank 0 writes the record.

@@ -1,0 +1,558 @@
+"""What the harness sees of one rank, from torch's own entry points, without the program's help.
+
+`install(directory)` (called by sitecustomize.py when DISTLAB_OBSERVE_DIR is set) arms hooks that
+wait for the program to import torch (and horovod.torch); nothing is imported before it does. Then:
+
+- the process group: torch.distributed.init_process_group and Horovod's hvd.init(), as torch and
+  Horovod report them afterwards (backend, world size, rank), not as the program asked;
+- the data: every sample index each DataLoader handed out, one list per pass over the loader (an
+  epoch), with the dataset's length and the optimizer steps taken during that pass: passes with
+  steps are training, passes without are evaluation;
+- the optimizer steps (torch's global step hooks, so Horovod's DistributedOptimizer too), each with
+  the time it ended and the images its pass had handed out by then: the harness times training
+  itself, rather than reading the program's img_per_sec;
+- every torch.save, by resolved path, followed through a rename (checkpoints are written to a
+  temporary file and renamed into place);
+- at exit: the model the optimizers trained (found from their parameters), its state's digests and,
+  on rank 0, the state itself (final_weights.pt), so the harness can evaluate it on its own.
+
+Everything goes to <directory>/rank.<r>.json at exit, written atomically; nothing is written per step.
+The hooks cost a list append per batch, a clock read and two array appends per step. Any failure of
+the observer is caught and written to <directory>/observer-errors.<pid>.txt: the program runs as it
+would without it.
+The digest functions at the end are shared with harness/observe/accuracy.py.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import importlib.abc
+import os
+import sys
+import time
+import traceback
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+SCHEMA = "distlab-observations"
+SCHEMA_VERSION = 1
+WEIGHTS_FILE = "final_weights.pt"
+# Where a rank's number is before any process group exists, launcher by launcher (labs/README.md).
+RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "SLURM_PROCID")
+
+_observer: Observer | None = None
+
+
+def install(directory: str) -> None:
+    """Arm the hooks in this process (once); they take effect when torch and horovod.torch load."""
+    global _observer
+    if _observer is not None:
+        return
+    _observer = Observer(directory)
+    watcher = _PostImportWatcher({"torch": _observer.on_torch, "horovod.torch": _observer.on_horovod_torch})
+    sys.meta_path.insert(0, watcher)
+    # Registered before the program's own handlers (and torch's), so it runs after all of them.
+    atexit.register(_observer.finish)
+    for name in ("torch", "horovod.torch"):  # already imported (an embedding interpreter): hook now
+        if name in sys.modules:
+            watcher.fire(name, sys.modules[name])
+
+
+class _PostImportWatcher(importlib.abc.MetaPathFinder):
+    """Calls back once a watched module has been executed, before its importer gets it.
+
+    It finds the module with the finders after it and wraps only the loader's exec_module; once
+    the module has run, its __loader__ and __spec__.loader are the real loader again. A callback
+    fires once, at the module's execution: a mere importlib.util.find_spec (a library asking
+    whether torch is installed) does not use it up.
+    """
+
+    def __init__(self, callbacks: dict[str, Callable[[Any], None]]) -> None:
+        self.callbacks = callbacks
+        self._searching: set[str] = set()
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self.callbacks or fullname in self._searching:
+            return None
+        self._searching.add(fullname)
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if finder is self or find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+        finally:
+            self._searching.discard(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _CallbackLoader(spec.loader, self, fullname)
+        return spec
+
+    def fire(self, name: str, module: Any) -> None:
+        callback = self.callbacks.pop(name, None)
+        if callback is not None:
+            callback(module)  # each callback catches its own errors
+
+
+class _CallbackLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any, watcher: _PostImportWatcher, name: str) -> None:
+        self._loader, self._watcher, self._name = loader, watcher, name
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        module.__loader__ = self._loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        self._watcher.fire(self._name, module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class LoaderPass:
+    """One pass over one DataLoader: the indices it handed out, batch by batch."""
+
+    __slots__ = ("loader", "dataset", "dataset_len", "sampler", "indices", "batch_lengths", "yielded",
+                 "steps_start", "steps_end", "non_integer", "started", "images_yielded", "step_times",
+                 "step_images")
+
+    def __init__(self, loader: int, dataset: int, dataset_len: int | None, sampler: str, steps: int) -> None:
+        self.loader, self.dataset, self.dataset_len, self.sampler = loader, dataset, dataset_len, sampler
+        self.indices = array("q")  # 8 bytes an index: a full CIFAR-10 run keeps a few MB, not ints
+        self.batch_lengths = array("q")
+        self.yielded = 0
+        self.steps_start = self.steps_end = steps
+        self.non_integer = False
+        # The clock of this process only (perf_counter): times are compared within one rank.
+        self.started = time.perf_counter()
+        self.images_yielded = 0  # samples in the batches the loop has received so far
+        self.step_times = array("d")  # when each optimizer step taken during this pass ended
+        self.step_images = array("q")  # images_yielded at that step
+
+    def yielded_batch(self) -> None:
+        if self.yielded < len(self.batch_lengths):  # a loader hands batches out in the order it drew them
+            self.images_yielded += self.batch_lengths[self.yielded]
+        self.yielded += 1
+
+    def stepped(self) -> None:
+        self.step_times.append(time.perf_counter())
+        self.step_images.append(self.images_yielded)
+
+    def add(self, index: Any) -> None:
+        if isinstance(index, int):  # a loader without batching hands out one index at a time
+            self.indices.append(index)
+            self.batch_lengths.append(1)
+            return
+        before = len(self.indices)
+        try:
+            self.indices.extend(index)  # a list of ints: one C loop
+        except TypeError:
+            try:
+                self.indices.extend(int(i) for i in index)  # tensors, numpy integers
+            except (TypeError, ValueError):
+                del self.indices[before:]
+                self.non_integer = True  # keys that are not positions (a dict-like dataset): nothing to compare
+                return
+        self.batch_lengths.append(len(self.indices) - before)
+
+    def to_json(self) -> dict[str, Any]:
+        # Workers may have been handed batches ahead of the loop (prefetch): keep those it received.
+        kept = sum(self.batch_lengths[:self.yielded])
+        return {"loader": self.loader, "dataset": self.dataset, "dataset_len": self.dataset_len,
+                "sampler": self.sampler, "batches": self.yielded, "steps": self.steps_end - self.steps_start,
+                "batch_sizes": sorted(set(self.batch_lengths[:self.yielded])), "non_integer": self.non_integer,
+                "indices": self.indices[:kept].tolist(), "started": self.started,
+                "step_times": self.step_times.tolist(), "step_images": self.step_images.tolist()}
+
+
+class Observer:
+    """Everything one process observed; written once, at exit."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.process_groups: list[dict[str, Any]] = []
+        self.passes: list[LoaderPass] = []
+        self.loaders: dict[int, tuple[int, Any]] = {}  # id(index sampler) -> (number, the sampler, kept alive)
+        self.datasets: dict[int, tuple[int, Any]] = {}
+        self.steps = 0
+        self.step_depth = 0
+        self.last_batch_from: LoaderPass | None = None  # the pass whose batch the loop received last
+        self.optimizers: list[Any] = []  # kept alive: the program's may be gone by exit
+        self.model: Any = None
+        self.saves: list[dict[str, Any]] = []
+        self.saved_paths: dict[str, dict[str, Any]] = {}
+        self.errors: list[str] = []
+        self.torch: Any = None
+        self._original_save: Any = None
+
+    # ------------------------------------------------------------------------------------- errors
+
+    def guard(self, what: str, call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call(*args)
+        except Exception as error:  # noqa: BLE001 - never the program's problem
+            self.error(what, error)
+            return None
+
+    def error(self, what: str, error: BaseException) -> None:
+        line = f"{what}: {type(error).__name__}: {error}"
+        if len(self.errors) < 20:  # a hook failing at every batch must not fill the memory
+            self.errors.append(line)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            with open(os.path.join(self.directory, f"observer-errors.{os.getpid()}.txt"), "a") as out:
+                out.write(line + "\n" + "".join(traceback.format_exception(error)) + "\n")
+        except OSError:
+            pass
+
+    # -------------------------------------------------------------------------------------- hooks
+
+    def on_torch(self, torch: Any) -> None:
+        self.torch = torch
+        self._original_save = torch.serialization.save  # final_weights.pt is not the program's save
+        for what, hook in (("process group hook", self._hook_process_group), ("data hook", self._hook_data),
+                           ("optimizer hook", self._hook_optimizer), ("save hook", self._hook_save)):
+            self.guard(what, hook, torch)
+
+    def on_horovod_torch(self, hvd: Any) -> None:
+        self.guard("horovod hook", self._hook_horovod, hvd)
+
+    def _hook_process_group(self, torch: Any) -> None:
+        dist = torch.distributed
+        if not dist.is_available():
+            return
+        c10d = dist.distributed_c10d
+        original = c10d.init_process_group
+
+        @functools.wraps(original)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            self.guard("init_process_group", self._note_torch_group, "init_process_group")
+            return result
+
+        c10d.init_process_group = init_process_group
+        if dist.init_process_group is original:
+            dist.init_process_group = init_process_group
+
+    def _note_torch_group(self, how: str) -> None:
+        dist = self.torch.distributed
+        self.process_groups.append({"api": "torch.distributed", "seen_at": how, "backend": str(dist.get_backend()),
+                                    "world_size": dist.get_world_size(), "rank": dist.get_rank()})
+
+    def _hook_horovod(self, hvd: Any) -> None:
+        original = hvd.init
+
+        @functools.wraps(original)
+        def init(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            self.guard("hvd.init", self._note_horovod_group, hvd, "hvd.init")
+            return result
+
+        hvd.init = init
+        mpi_ops = sys.modules.get("horovod.torch.mpi_ops")
+        if mpi_ops is not None and mpi_ops.init is original:
+            mpi_ops.init = init
+
+    def _note_horovod_group(self, hvd: Any, how: str) -> None:
+        controller = "gloo" if hvd.gloo_enabled() else "mpi" if hvd.mpi_enabled() else "unknown"
+        self.process_groups.append({"api": "horovod", "seen_at": how, "backend": "horovod", "controller": controller,
+                                    "world_size": hvd.size(), "rank": hvd.rank()})
+
+    def _hook_data(self, torch: Any) -> None:
+        base = torch.utils.data.dataloader._BaseDataLoaderIter
+        next_index, next_batch = base._next_index, base.__next__
+        observer = self
+
+        # _next_index is where a loader iterator draws the indices of its next batch from its sampler
+        # (in this process, also for worker processes); a new sampler iterator means a new pass.
+        @functools.wraps(next_index)
+        def _next_index(self: Any) -> Any:
+            sampler_iter = self._sampler_iter
+            index = next_index(self)
+            try:
+                current = self.__dict__.get("_distlab_pass")
+                if current is None or current[0] is not sampler_iter:
+                    current = (sampler_iter, observer._new_pass(self))
+                    self.__dict__["_distlab_pass"] = current
+                current[1].add(index)
+            except Exception as error:  # noqa: BLE001
+                observer.error("loader index", error)
+            return index
+
+        @functools.wraps(next_batch)
+        def __next__(self: Any) -> Any:
+            try:
+                batch = next_batch(self)
+            except BaseException:
+                observer._end_of_batch(self, yielded=False)  # the pass ended: the steps up to here count
+                raise
+            observer._end_of_batch(self, yielded=True)
+            return batch
+
+        base._next_index, base.__next__ = _next_index, __next__
+
+    def _new_pass(self, iterator: Any) -> LoaderPass:
+        sampler, dataset = iterator._index_sampler, iterator._dataset
+        loader = self.loaders.setdefault(id(sampler), (len(self.loaders), sampler))[0]
+        dataset_number = self.datasets.setdefault(id(dataset), (len(self.datasets), dataset))[0]
+        try:
+            dataset_len = len(dataset)
+        except TypeError:  # an iterable dataset
+            dataset_len = None
+        inner = getattr(sampler, "sampler", sampler)  # a BatchSampler draws from the sampler the program chose
+        new = LoaderPass(loader, dataset_number, dataset_len, type(inner).__name__, self.steps)
+        self.passes.append(new)
+        return new
+
+    def _end_of_batch(self, iterator: Any, yielded: bool) -> None:
+        current = iterator.__dict__.get("_distlab_pass")
+        if current is not None:
+            current[1].steps_end = self.steps
+            if yielded:
+                current[1].yielded_batch()
+                self.last_batch_from = current[1]
+
+    def _hook_optimizer(self, torch: Any) -> None:
+        # Global hooks fire around every Optimizer.step. A wrapper optimizer whose step calls its base
+        # class's (Horovod's DistributedOptimizer) fires them twice: only the outermost step counts.
+        def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+            self.step_depth += 1
+
+        def post(optimizer: Any, args: Any, kwargs: Any) -> None:
+            self.step_depth -= 1
+            if self.step_depth > 0:
+                return
+            self.steps += 1
+            if self.last_batch_from is not None:  # the step trained on that pass's batches
+                # On a GPU the step is only queued when step() returns: wait for it, so that its time is
+                # when the GPU finished it (estimated cost: the CPU no longer queues the next step while
+                # this one runs, some 0.1-0.3 ms of a ResNet-18 step's 10-15 ms on an H200, 1-3%).
+                params = optimizer.param_groups[0]["params"] if optimizer.param_groups else []
+                if params and params[0].is_cuda:
+                    torch.cuda.synchronize(params[0].device)
+                self.last_batch_from.stepped()
+            if not self.optimizers or optimizer is not self.optimizers[-1]:
+                self.guard("optimizer", self._note_optimizer, optimizer)
+
+        import importlib
+
+        hooks = importlib.import_module("torch.optim.optimizer")  # torch.optim deletes the attribute
+        hooks.register_optimizer_step_pre_hook(pre)
+        hooks.register_optimizer_step_post_hook(post)
+
+    def _note_optimizer(self, optimizer: Any) -> None:
+        if any(known is optimizer for known in self.optimizers):
+            return
+        self.optimizers.append(optimizer)
+        self.model = find_trained_model(self.torch, self.optimizers)
+        self._probe_groups()
+
+    def _probe_groups(self) -> None:
+        """A process group made without the hooked entry points (imported before them) still shows here."""
+        if self.process_groups:
+            return
+        dist = self.torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            self._note_torch_group("first optimizer step")
+        hvd = sys.modules.get("horovod.torch")
+        if hvd is not None and hvd.is_initialized():
+            self._note_horovod_group(hvd, "first optimizer step")
+
+    def _hook_save(self, torch: Any) -> None:
+        original = torch.serialization.save
+
+        @functools.wraps(original)
+        def save(obj: Any, f: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(obj, f, *args, **kwargs)
+            self.guard("torch.save", self._note_save, f)
+            return result
+
+        torch.serialization.save = save
+        if torch.save is original:
+            torch.save = save
+        # A checkpoint is commonly written to a temporary file and renamed into place: follow it.
+        for name in ("replace", "rename"):
+            self._hook_rename(name)
+
+    def _hook_rename(self, name: str) -> None:
+        original = getattr(os, name)
+
+        @functools.wraps(original)
+        def rename(src: Any, dst: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(src, dst, *args, **kwargs)
+            if self.saved_paths:
+                self.guard("rename", self._note_rename, src, dst, kwargs)
+            return result
+
+        setattr(os, name, rename)
+
+    def _note_save(self, f: Any) -> None:
+        target = f if isinstance(f, (str, bytes, os.PathLike)) else getattr(f, "name", None)
+        if not isinstance(target, (str, bytes, os.PathLike)):
+            return  # an in-memory buffer: nothing on disk
+        path = os.path.realpath(os.fsdecode(target))
+        entry = {"path": path, "written_as": path, "rank": self.rank()}
+        self.saves.append(entry)
+        self.saved_paths[path] = entry
+
+    def _note_rename(self, src: Any, dst: Any, kwargs: dict[str, Any]) -> None:
+        if kwargs.get("src_dir_fd") is not None or kwargs.get("dst_dir_fd") is not None:
+            return
+        entry = self.saved_paths.pop(os.path.realpath(os.fsdecode(src)), None)
+        if entry is not None:
+            entry["path"] = os.path.realpath(os.fsdecode(dst))
+            self.saved_paths[entry["path"]] = entry
+
+    # ----------------------------------------------------------------------------------- at exit
+
+    def rank(self) -> int:
+        if self.process_groups:
+            return int(self.process_groups[-1]["rank"])
+        for name in RANK_VARIABLES:
+            value = os.environ.get(name, "")
+            if value.isdigit():
+                return int(value)
+        return 0
+
+    def rank_source(self) -> str:
+        if self.process_groups:
+            return self.process_groups[-1]["api"]
+        return next((f"env {name}" for name in RANK_VARIABLES if os.environ.get(name, "").isdigit()), "default 0")
+
+    def finish(self) -> None:
+        """At exit: the final model, then rank.<r>.json. Processes that observed nothing write nothing."""
+        try:
+            if not (self.process_groups or self.passes or self.steps or self.saves):
+                return  # a launcher, a DataLoader worker, a helper process
+            rank = self.rank()
+            os.makedirs(self.directory, exist_ok=True)
+            observed = {
+                "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "rank": rank, "rank_source": self.rank_source(),
+                "pid": os.getpid(), "argv": sys.argv, "process_groups": self.process_groups,
+                "optimizer_steps": self.steps, "loader_passes": [p.to_json() for p in self.passes],
+                "saves": self.saves, "model": self.guard("final model", self._final_model, rank),
+                "errors": self.errors,  # the same list: the final model's errors are in it too
+            }
+            _write_atomically(os.path.join(self.directory, f"rank.{rank}.json"), _json_bytes(observed))
+        except Exception as error:  # noqa: BLE001
+            self.error("finish", error)
+
+    def _final_model(self, rank: int) -> dict[str, Any] | None:
+        if self.model is None:
+            return None
+        torch = self.torch
+        with torch.no_grad():
+            state = {name: value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
+                     for name, value in self.model.state_dict().items()}
+        parameters = {name for name, _ in self.model.named_parameters()}
+        found = {
+            "class": f"{type(self.model).__module__}.{type(self.model).__qualname__}",
+            "tensors": len(state),
+            "state_sha256": state_digest(state),
+            "params_sha256": state_digest({k: v for k, v in state.items() if k in parameters}),
+            "buffers_sha256": state_digest({k: v for k, v in state.items() if k not in parameters}),
+            # Each buffer's own digest and the kind of layer that holds it: which differ across ranks
+            # is what the harness names (BatchNorm's running statistics, the course's lesson).
+            "buffers": {name: {"sha256": state_digest({name: state[name]})[:16], "module": owner}
+                        for name, owner in _buffer_owners(self.model).items() if name in state},
+            "weights_file": None,
+        }
+        if rank == 0:
+            path = os.path.join(self.directory, WEIGHTS_FILE)
+            temporary = f"{path}.{os.getpid()}.tmp"
+            self._original_save(state, temporary)
+            _os_replace(temporary, path)
+            found["weights_file"] = WEIGHTS_FILE
+        return found
+
+
+def _buffer_owners(model: Any) -> dict[str, str]:
+    """Each buffer's name, and the class of the module holding it ("BatchNorm2d", or "BatchNorm" for
+    any subclass of torch's BatchNorm base: SyncBatchNorm, Horovod's, a program's own)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    owners = {}
+    for prefix, module in model.named_modules():
+        kind = "BatchNorm" if isinstance(module, _BatchNorm) else type(module).__name__
+        for name, _ in module.named_buffers(recurse=False):
+            owners[f"{prefix}.{name}" if prefix else name] = kind
+    return owners
+
+
+def find_trained_model(torch: Any, optimizers: list[Any]) -> Any:
+    """The smallest module holding every parameter the optimizers update: the model, not its DDP wrapper.
+
+    A wrapper (DDP, torch.compile) holds the same parameters as the model plus one module, itself;
+    so among the modules that hold them all, the one with the fewest submodules is the model.
+    Found once, at an optimizer's first step, and kept: by exit the program may have dropped it.
+    """
+    import gc
+
+    wanted = {id(p) for optimizer in optimizers for group in optimizer.param_groups for p in group["params"]}
+    module_type = torch.nn.Module
+    best, best_key = None, None
+    for candidate in gc.get_objects():
+        if not issubclass(type(candidate), module_type):  # type(), not isinstance: no proxy's __class__ runs
+            continue
+        held = {id(p) for p in candidate.parameters()}
+        covered = len(wanted & held)
+        if not covered:
+            continue
+        key = (-covered, sum(1 for _ in candidate.modules()), len(held))
+        if best_key is None or key < best_key:
+            best, best_key = candidate, key
+    return best
+
+
+# ------------------------------------------------------------------------------- digests (shared)
+
+
+def state_digest(state: dict[str, Any]) -> str:
+    """sha256 of a state_dict: every entry in sorted key order, each as name, dtype, shape and exact bytes.
+
+    Equal digests mean bitwise-equal states. Non-tensor entries (a module's extra state) count by repr.
+    """
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        value = state[name]
+        digest.update(name.encode() + b"\0")
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().cpu()
+            if tensor.layout != torch.strided:
+                tensor = tensor.to_dense()
+            tensor = tensor.resolve_conj().resolve_neg().contiguous()
+            digest.update(f"{tensor.dtype}{tuple(tensor.shape)}\0".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+        else:
+            digest.update(f"{type(value).__name__}:{value!r}\0".encode())
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------- files
+
+_os_replace = os.replace  # the real one: ours is hooked once torch loads
+
+
+def _json_bytes(value: Any) -> bytes:
+    import json
+
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "wb") as out:
+        out.write(data)
+    _os_replace(temporary, path)

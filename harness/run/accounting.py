@@ -1,0 +1,182 @@
+"""How a run ended, accounted for once: the rank logs gathered, the failing rank named, the reason
+decided (a full disk first, the launcher's account before the lab's, a backend's collective timeout
+read as a hang), the record kept, amended or written by the harness, then epochs.csv and run.json."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from harness.files import set_aside, write_bytes, write_json
+from harness.run import record as records
+from harness.run.epochs import write_epochs_csv
+from harness.run.errors import HarnessError
+from harness.run.hangs import hang_reason
+from harness.run.launchers import LAUNCHERS, Failure, signal_name
+from harness.run.output import gather_rank_logs, printable, read_end
+from harness.run.request import RunRequest
+from harness.run.run_dir import OBSERVE_DIR
+from harness.run.state import Outcome, PreparedRun, RunResult
+from labs.common.contract import Record
+from labs.common.topology import Topology
+
+
+def account(run: PreparedRun, outcome: Outcome) -> RunResult:
+    """Rank logs, the failing rank, the record (the lab's, amended, or the harness's) and the reason;
+    record.json and run.json written once each."""
+    request, run_dir, record_path = run.request, run.run_dir, run.record_path
+    rank_logs: dict[int, Path] = {}
+    try:
+        rank_logs = gather_rank_logs(request, run_dir)
+    except OSError as error:
+        outcome.errors.append(f"rank logs: {error.strerror or error}")
+    launcher_output = read_end(run_dir / "launcher.log")
+    returncode = outcome.returncode
+    failure = None
+    if returncode not in (0, None) and not (outcome.timed_out or outcome.stopped_by):
+        failure = LAUNCHERS[request.launcher].failure(launcher_output) or Failure(
+            0 if request.world_size == 1 else None, returncode, None)
+
+    if outcome.timed_out:
+        reason = f"timed out after {request.timeout_s:g} s: hang suspected (each rank's last lines are in its log)"
+    elif outcome.stopped_by == signal.SIGINT:
+        reason = "interrupted (Ctrl-C)"
+    elif outcome.stopped_by is not None:
+        reason = f"stopped by {signal_name(outcome.stopped_by)}"
+    elif failure:
+        reason = f"{failure.describe()} (launcher exit code {returncode})"
+    else:
+        reason = None
+    lost = [error for error in outcome.errors if "output lost" in error or error.startswith("rank logs")]
+    if lost:  # a full disk comes first: what failed after it (a rank writing its record) follows from it
+        reason = f"the results folder could not keep the run's output: {lost[0]}" + (f"; {reason}" if reason else "")
+
+    record, record_error = None, None
+    try:
+        record = records.check_record(records.load(record_path), str(record_path))
+    except records.RecordError as error:
+        record_error = str(error)
+        if os.path.lexists(record_path):  # keep the unreadable file for inspection, never half-read it
+            set_aside(record_path)
+    rank0_elsewhere = (record is None and not reason and returncode == 0
+                       and request.placement.get("nnodes", 1) > 1 and not os.path.lexists(record_path))
+    rewrite = False
+    if rank0_elsewhere:
+        # Rank 0 ran on another node and wrote the record there; this node's part went well.
+        record_error = None
+    elif record is None:
+        record, rewrite = harness_record(request, reason or record_error or "no record"), True
+    elif reason and not (record["status"] == "failed" and failure and failure.exit_code in (1, 2)):
+        # The launcher's account comes first: when rank 1 dies, rank 0 typically fails too
+        # ("connection reset", "Horovod has been shut down"), and that is a consequence.
+        # Unless the ranks ended with the contract's own codes (1: a check failed, 2: bad input):
+        # then the lab's reason is the cause, and the launcher only reports it.
+        record.update(status="failed", reason=reason, lab_status=record["status"], lab_reason=record["reason"])
+        rewrite = True
+    elif reason:
+        reason = f"{record['reason']} ({reason})"
+
+    lab_ok = record is None or record["status"] == "ok"
+    status = "ok" if returncode == 0 and lab_ok and not record_error and not lost else "failed"
+    final_reason = reason or (record or {}).get("reason") or record_error
+    hang = None if outcome.timed_out or status == "ok" else hang_reason(rank_logs, launcher_output)
+    if hang:
+        final_reason = f"{hang} ({final_reason})"
+        if record is not None:
+            record["reason"] = final_reason
+            rewrite = True
+    result = RunResult(run_dir, returncode if returncode is not None else -9, status,
+                       None if status == "ok" else printable(str(final_reason)), record, failure, outcome.wall,
+                       outcome.timed_out, outcome.stopped_by is not None,
+                       hang_suspected=outcome.timed_out or bool(hang),
+                       stopped_by=signal_name(outcome.stopped_by) if outcome.stopped_by is not None else None)
+    release_reserve(run)
+    if rewrite:
+        write_record(run, outcome, record)
+    if record is not None:
+        try:
+            write_epochs_csv(run.run_dir / "epochs.csv", record)
+        except OSError as error:
+            outcome.errors.append(f"epochs.csv: {error.strerror or error}")
+    write_run_json(run, outcome, result, rank_logs, record_error)
+    return result
+
+
+def write_record(run: PreparedRun, outcome: Outcome, record: dict[str, Any]) -> None:
+    """The one place record.json is written by the harness (by rename: whatever the program left there
+    is replaced or set aside, never written through)."""
+    try:
+        write_json(run.record_path, record)
+    except OSError as error:
+        outcome.errors.append(f"record.json: {error.strerror or error}")
+
+
+def release_reserve(run: PreparedRun) -> None:
+    """Give back the space kept at the start: record.json and run.json fit even on a full disk."""
+    with contextlib.suppress(OSError):
+        run.reserve.unlink()
+
+
+def write_run_json(run: PreparedRun, outcome: Outcome, result: RunResult, rank_logs: dict[int, Path],
+                    record_error: str | None) -> None:
+    request = run.request
+    data = {
+        "lab": request.lab, "program": str(request.program), "world_size": request.world_size,
+        "launcher": request.launcher, "backend": request.backend, "backend_reason": request.backend_reason,
+        "threads_per_rank": request.threads,
+        "observe_dir": OBSERVE_DIR if request.observe else None,
+        "oversubscribed": request.world_size * request.threads > (os.cpu_count() or 1),
+        "command": run.command, "returncode": result.returncode, "status": result.status, "reason": result.reason,
+        "failure": asdict(result.failure) if result.failure else None, "timed_out": outcome.timed_out,
+        "interrupted": result.interrupted, "stopped_by": result.stopped_by,
+        "hang_suspected": result.hang_suspected,
+        "wall_seconds": outcome.wall, "record_error": record_error, "run_id": run.run_id,
+        "launcher_pid": outcome.launcher_pid, "harness_errors": outcome.errors,
+        "rank_logs": {rank: str(path.name) for rank, path in rank_logs.items()},
+        "placement": {k: str(v) if isinstance(v, Path) else v for k, v in request.placement.items()},
+        "max_restarts": request.max_restarts,
+        # torchrun keeps one log folder per attempt: attempts after the first are restarts.
+        "restarts": max(0, len(list((run.run_dir / "logs").glob("*/attempt_*"))) - 1),
+    }
+    try:
+        write_json(run.run_dir / "run.json", data)
+    except OSError as error:
+        raise HarnessError(f"run {run.run_dir} ended ({result.reason or result.status}) but run.json could not be "
+                           f"written: {error.strerror or error}") from None
+
+
+def account_harness_error(run: PreparedRun, outcome: Outcome, error: Exception) -> RunResult:
+    """The harness failed around the run: every process is already stopped (see launch_and_wait);
+    keep the traceback, say so in run.json, and raise one line."""
+    details = run.run_dir / "harness-error.txt"
+    reason = f"harness error: {type(error).__name__}: {error} (details in {details.name})"
+    outcome.errors.append(reason)
+    release_reserve(run)
+    with contextlib.suppress(OSError):
+        write_bytes(details, "".join(traceback.format_exception(error)).encode(errors="replace"))
+    result = RunResult(run.run_dir, outcome.returncode if outcome.returncode is not None else -9, "failed",
+                       printable(reason), None, None, outcome.wall, outcome.timed_out,
+                       outcome.stopped_by is not None,
+                       stopped_by=signal_name(outcome.stopped_by) if outcome.stopped_by is not None else None)
+    if not os.path.lexists(run.record_path):
+        write_record(run, outcome, harness_record(run.request, reason))
+    with contextlib.suppress(HarnessError):
+        write_run_json(run, outcome, result, {}, None)
+    raise HarnessError(f"{printable(str(error))} ({type(error).__name__}); the run is stopped, details in "
+                       f"{details}") from error
+
+
+def harness_record(request: RunRequest, reason: str) -> dict[str, Any]:
+    """The record of a run whose lab wrote none (a crash, a kill, a hang)."""
+    topology = Topology(world_size=request.world_size, launcher=request.launcher)
+    rec = Record(lab=request.lab, config={"lab_args": request.lab_args}, topology=topology,
+                 backend=request.backend, status="failed", reason=reason)
+    data = rec.to_dict()
+    data["provenance"]["threads_per_rank"] = request.threads
+    data["provenance"]["written_by"] = "harness"
+    return data

@@ -1,0 +1,128 @@
+"""The launcher's output and the ranks' logs: drained as bytes, kept byte for byte, shown safely.
+
+Nothing a program prints is obeyed by a terminal (escape sequences are shown), and nothing it left
+in logs/ is read unless it is a regular file of bounded size.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import re
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from harness.files import NotARegularFile, copy_regular_file, read_regular_file, replace
+from harness.run.launchers import LAUNCHERS
+from harness.run.request import RunRequest
+
+LOG_TAIL_LINES = 20
+
+
+LOG_SCAN_BYTES = 1 << 20  # what is read of a log's end to name a failure or a hang
+
+
+def read_end(path: Path, limit: int = LOG_SCAN_BYTES) -> str:
+    """The last `limit` bytes of a log, decoded for people; '' if it is not a regular file."""
+    try:
+        return read_regular_file(path, limit, tail=True).decode(errors="replace")
+    except (OSError, ValueError):
+        return ""
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """A log's last lines, for a terminal (escape sequences shown, not obeyed)."""
+    return printable("\n".join(read_end(path, 64 << 10).splitlines()[-lines:]))
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Text safe for a terminal: control characters (escape sequences) shown, not obeyed."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+class OutputPump(threading.Thread):
+    """Drain the launcher's output as bytes, whatever they are: written to the logs as received,
+    decoded (with replacement) only to show them. A sink that fails (a full disk) is dropped and
+    the error kept; the pipe is always drained, so the launcher never blocks on it."""
+
+    def __init__(self, stream: IO[bytes], sinks: list[IO[bytes]], echo: bool,
+                 on_line: Callable[[str], None] | None) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.sinks, self.echo, self.on_line = stream, sinks, echo, on_line
+        self.errors: list[str] = []
+        self.bytes = 0
+
+    def run(self) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        pending = b""
+        fd = self.stream.fileno()
+        while True:
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except OSError:
+                break
+            if not chunk:
+                break
+            self.bytes += len(chunk)
+            for sink in list(self.sinks):
+                try:
+                    sink.write(chunk)
+                    sink.flush()
+                except (OSError, ValueError) as error:
+                    self.errors.append(f"{getattr(sink, 'name', 'log')}: output lost after {self.bytes - len(chunk)} "
+                                       f"bytes ({getattr(error, 'strerror', None) or error})")
+                    self.sinks.remove(sink)
+            if self.echo:
+                try:
+                    sys.stdout.write(printable(decoder.decode(chunk)))
+                    sys.stdout.flush()
+                except (OSError, ValueError):  # nobody reads our output any more (a closed pipe)
+                    self.echo = False
+            if self.on_line:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                if len(pending) > 1 << 16:  # a line without end: shown in pieces
+                    lines.append(pending)
+                    pending = b""
+                for line in lines:
+                    try:
+                        self.on_line(printable(line.decode(errors="replace").rstrip("\r")))
+                    except Exception as error:  # the caller's display failed; the output still flows
+                        self.errors.append(f"on_line: {type(error).__name__}: {error}")
+                        self.on_line = None
+                        break
+
+
+def gather_rank_logs(request: RunRequest, run_dir: Path) -> dict[int, Path]:
+    """One rank.<r>.log per rank, whatever layout the launcher used, byte for byte.
+
+    Only regular files are read (a FIFO or a link the program left in logs/ is skipped), and each
+    rank.<r>.log is written by rename.
+    """
+    gathered = {}
+    for rank, parts in sorted(LAUNCHERS[request.launcher].rank_logs(run_dir / "logs").items()):
+        target = run_dir / f"rank.{rank}.log"
+        fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for part in parts:
+                    out.write(f"==> {part.relative_to(run_dir)} <==\n".encode())
+                    try:
+                        copy_regular_file(part, out)
+                    except NotARegularFile as refused:  # left there by the program: not read
+                        out.write(f"(not read: {refused})\n".encode())
+            replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        gathered[rank] = target
+    return gathered

@@ -1,0 +1,60 @@
+"""What one run carries from step to step: the prepared run, how its launcher ended, and its result."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.run.launchers import Failure, LaunchSpec
+from harness.run.request import RunRequest
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    returncode: int
+    status: str
+    reason: str | None
+    record: dict[str, Any] | None
+    failure: Failure | None
+    wall_seconds: float
+    timed_out: bool = False
+    interrupted: bool = False
+    hang_suspected: bool = False  # the watchdog fired, or a backend's collective timeout did
+    stopped_by: str | None = None  # the signal that stopped the run: SIGINT, SIGTERM, SIGHUP
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class PreparedRun:
+    """A prepared run: where it lives, what starts it, and how its processes are found."""
+
+    request: RunRequest
+    run_dir: Path
+    run_id: str
+    env: dict[str, str]
+    command: list[str]
+    spec: LaunchSpec
+    reserve: Path
+    store_socket: socket.socket | None = None  # the rendezvous store's, served on loopback
+
+    @property
+    def record_path(self) -> Path:
+        return self.run_dir / "record.json"
+
+
+@dataclass
+class Outcome:
+    """How the launcher ended, as the harness saw it."""
+
+    returncode: int | None = None
+    wall: float = 0.0
+    timed_out: bool = False
+    stopped_by: int | None = None
+    launcher_pid: int | None = None
+    errors: list[str] = field(default_factory=list)  # the harness's own trouble: lost output, a crash

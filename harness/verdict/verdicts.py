@@ -1,0 +1,293 @@
+"""Verdicts: what the grader concludes from a lab's runs, one row per comparison.
+
+Pure functions of the samples and the profile: measured, expected, pass/fail and why. Per run: the
+record's own correctness checks, the checks the profile requires, metric bands and the time budget.
+Across world sizes: accuracy within a delta of world size 1 (the LR scaling rule should keep it),
+and scaling efficiency T(n) / (n T(1)). Where the lab's throughput is a ratio to a reference loop
+measured beside it, efficiency is taken over the loop's own: (T(n) / R(n)) / (T(1) / R(1)), the
+share of the lab's scaling lost to its communication and synchronisation, with what the machine
+does to any n processes (too few cores, another program's load) divided out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from harness.console import fmt
+from harness.verdict.profiles import Band, LabExpectation, Profile
+from harness.verdict.stats import efficiency as scaling_efficiency
+from harness.verdict.stats import mean_ci
+
+
+@dataclass(frozen=True)
+class Verdict:
+    lab: str
+    world_size: int | None  # None: a check across world sizes
+    check: str
+    measured: str
+    expected: str
+    passed: bool | None  # None: not applicable here (said why in detail)
+    detail: str = ""
+    # How far a numeric comparison was from failing, as a fraction of its threshold: 0.25 is 25% above
+    # a floor (or below a ceiling), negative where it failed; None for a comparison without a number.
+    # The robustness sweep's figure is the smallest seen (harness/commands/robustness.py).
+    margin: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Sample:
+    """One run as the grader sees it: the harness's account, the lab's record (its claims), and what
+    the harness observed and measured of the run itself."""
+
+    run_dir: str
+    status: str
+    reason: str | None
+    wall_seconds: float
+    record: dict[str, Any] | None
+    observed: list[dict[str, Any]] = field(default_factory=list)  # harness/observe/observations.py checks, as dicts
+    # Metrics the harness measured itself (final_accuracy, img_per_sec); None where it could not,
+    # and measure_errors says why.
+    measured: dict[str, float | None] = field(default_factory=dict)
+    measure_errors: dict[str, str] = field(default_factory=dict)
+    # The reference rate this run is paired with (grade.pair_references): the reference run just
+    # before it, or the mean of those just before and after it. None: judged against the cell's rate.
+    reference: float | None = None
+
+
+def metric(record: dict[str, Any] | None, name: str) -> float | None:
+    value = (record or {}).get("metrics", {}).get(name)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def sample_metric(sample: Sample, name: str) -> float | None:
+    """The harness's own measurement where it made or tried one (None if it failed: the program's
+    claim never stands in for it), else the program's record."""
+    return sample.measured[name] if name in sample.measured else metric(sample.record, name)
+
+
+def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample],
+                 reference: float | None = None) -> Verdict:
+    """One metric of one cell against its band. `reference`: the cell's reference rate, measured in
+    the same grade (None when the band needs none, or when the reference failed).
+
+    Throughput (absolute or as a ratio) is judged on the median over the runs: a slow outlier cannot
+    fail a healthy program, noise cannot pass a slow one (no interval is used), and more repeats
+    only bring the median closer to the true rate, so the rule gets stricter with them, not looser.
+    A ratio is the median of the paired ratios where the runs carry their own reference (each run
+    over the reference measured beside it in time: a busy moment slows both), else of the runs over
+    the cell's reference rate.
+    """
+    values = [sample_metric(s, band.metric) for s in samples]
+    expected = band.describe(world_size)
+    if any(v is None for v in values):
+        unmeasured = [s.measure_errors[band.metric] for s in samples if band.metric in s.measure_errors]
+        return Verdict(lab, world_size, band.metric, "missing", expected, False,
+                       f"the harness could not measure it: {unmeasured[0]}" if unmeasured else
+                       f"the record lacks metrics.{band.metric} (a number); see labs/README.md")
+    if band.at_least_ratio:
+        if world_size not in band.at_least_ratio:
+            return Verdict(lab, world_size, f"{band.metric}_ratio", "-", expected, None,
+                           f"the profile has no expectation for world size {world_size}")
+        paired = [(v, s.reference) for v, s in zip(values, samples, strict=True) if s.reference]
+        if paired:
+            ratios = [v / r for v, r in paired]  # type: ignore[operator]
+            median, floor = statistics.median(ratios), band.at_least_ratio[world_size]
+            return Verdict(lab, world_size, f"{band.metric}_ratio", f"{median:.3f}", expected, median >= floor,
+                           f"median of {len(ratios)} paired ratio(s) ({', '.join(f'{r:.3f}' for r in ratios)}), "
+                           f"each run's {band.metric} over the reference measured around it in this grade "
+                           f"(median {statistics.median(values):.4g} against "
+                           f"{statistics.median(r for _, r in paired):.4g})", margin=above(median, floor))
+        if not reference:
+            return Verdict(lab, world_size, f"{band.metric}_ratio", "-", expected, False,
+                           "the reference loop did not run successfully, so throughput could not be judged")
+        ratios = [v / reference for v in values]  # type: ignore[operator]
+        median, floor = statistics.median(ratios), band.at_least_ratio[world_size]
+        return Verdict(lab, world_size, f"{band.metric}_ratio", f"{median:.3f}", expected, median >= floor,
+                       f"median of {len(ratios)} run(s): {statistics.median(values):.4g} {band.metric} against "
+                       f"the reference's {reference:.4g}, measured in this grade on this machine",
+                       margin=above(median, floor))
+    if band.expected:
+        if world_size not in band.expected:
+            return Verdict(lab, world_size, band.metric, fmt(mean_ci(values).mean), expected, None,
+                           f"the profile has no expectation for world size {world_size}")
+        median = statistics.median(values)
+        threshold = band.at_least_fraction * band.expected[world_size]
+        return Verdict(lab, world_size, band.metric, fmt(median), expected, median >= threshold,
+                       f"threshold {threshold:.4g}; median of {len(values)} run(s), 95% CI {mean_ci(values)}",
+                       margin=above(median, threshold))
+    mean = mean_ci(values).mean
+    if band.value is not None:
+        passed = abs(mean - band.value) <= band.tolerance
+        margin = within(abs(mean - band.value), band.tolerance)
+    else:
+        passed = (band.min is None or mean >= band.min) and (band.max is None or mean <= band.max)
+        sides = [m for m in (above(mean, band.min), below(mean, band.max)) if m is not None]
+        margin = min(sides) if sides else None
+    how = [f"mean of {len(values)} run(s)"] if len(values) > 1 else []
+    if any(band.metric in s.measured for s in samples):
+        claimed = [metric(s.record, band.metric) for s in samples]
+        how.append("measured by the harness from rank 0's final weights; the program reported "
+                   + ", ".join("-" if c is None else f"{c:.4g}" for c in claimed))
+    return Verdict(lab, world_size, band.metric, fmt(mean), expected, passed, "; ".join(how), margin=margin)
+
+
+def above(value: float, floor: float | None) -> float | None:
+    """The margin of value >= floor, as a fraction of the floor (None without a positive floor)."""
+    return value / floor - 1 if floor else None
+
+
+def below(value: float, ceiling: float | None) -> float | None:
+    """The margin of value <= ceiling, as a fraction of the ceiling (None without a positive ceiling)."""
+    return 1 - value / ceiling if ceiling else None
+
+
+def within(distance: float, tolerance: float) -> float | None:
+    """The margin of distance <= tolerance, as a fraction of the tolerance."""
+    return 1 - distance / tolerance if tolerance else None
+
+
+def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
+                  reference: float | None = None) -> list[Verdict]:
+    """Everything checked on the runs of one lab at one world size (`reference`: see band_verdict)."""
+    lab = exp.lab
+    failed = [s for s in samples if s.status != "ok"]
+    verdicts = [Verdict(lab, world_size, "run", f"{len(samples) - len(failed)}/{len(samples)} ok",
+                        "all ok", not failed, failed[0].reason or "" if failed else "")]
+    for name in exp.required_checks:
+        missing = [s for s in samples if name not in ((s.record or {}).get("checks") or {})]
+        bad = [s for s in samples if not ((s.record or {}).get("checks") or {}).get(name, {}).get("passed", False)]
+        if missing:
+            verdicts.append(Verdict(lab, world_size, f"check:{name}", "missing", "passed", False,
+                                    f"the record has no check '{name}' (required for this lab)"))
+        else:
+            detail = {k: v for k, v in samples[0].record["checks"][name].items() if k != "passed"} if bad else ""
+            verdicts.append(Verdict(lab, world_size, f"check:{name}", "passed" if not bad else "FAILED", "passed",
+                                    not bad, str(detail) if detail else ""))
+    verdicts += observed_verdicts(lab, world_size, samples)
+    slowest = max(s.wall_seconds for s in samples)
+    verdicts.append(Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s",
+                            slowest <= exp.time_budget_s, "slowest run's wall time",
+                            margin=below(slowest, exp.time_budget_s)))
+    ok_samples = [s for s in samples if s.status == "ok"]
+    for band in exp.bands:
+        if not ok_samples:
+            verdicts.append(Verdict(lab, world_size, band.metric, "-", band.describe(world_size), False,
+                                    "no successful run to measure"))
+        else:
+            verdicts.append(as_lesson(exp, band_verdict(lab, world_size, band, ok_samples, reference)))
+    return verdicts
+
+
+def as_lesson(exp: LabExpectation, verdict: Verdict) -> Verdict:
+    """A lesson row (ddp-local-bn) shows what a mistake costs: being worse than a band is its point,
+    so its bands and comparisons are reported, never graded. It still fails for what would fail any
+    row: a crash, a check, an observed mistake, a contradicted claim, its time budget."""
+    if not exp.lesson or verdict.passed is None:
+        return verdict
+    return dataclasses.replace(verdict, passed=None, margin=None,
+                               detail=f"lesson: {exp.lesson} {verdict.detail}".strip())
+
+
+def observed_verdicts(lab: str, world_size: int, samples: list[Sample]) -> list[Verdict]:
+    """One verdict per check the harness computed from its observations (harness/observe/observations.py), over
+    the runs of a cell: failed if it failed in any run; a claim of the record that the observations
+    contradict is a failed verdict of its own ("claim:...")."""
+    verdicts = []
+    for name in dict.fromkeys(check["name"] for s in samples for check in s.observed):
+        found = [check for s in samples for check in s.observed if check["name"] == name]
+        failing = [check for check in found if not check["passed"]]
+        label = name if name.startswith("claim:") else f"observed:{name}"
+        if failing:
+            verdicts.append(Verdict(lab, world_size, label, "FAILED", "passed", False, failing[0]["detail"]))
+        elif not any(check.get("applicable", True) for check in found):
+            verdicts.append(Verdict(lab, world_size, label, "n/a", "passed", None, found[0]["detail"]))
+        else:
+            verdicts.append(Verdict(lab, world_size, label, "passed", "passed", True, found[0]["detail"]))
+    return verdicts
+
+
+def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]],
+                    single_device: list[Sample] | None = None,
+                    references: dict[int, float | None] | None = None) -> list[Verdict]:
+    """Accuracy invariance and throughput scaling, both against world size 1. `single_device`: the
+    world-size-1 runs when they are another row's (the profile's single_device, e.g. the baseline
+    for a data-parallel lab). `references`: the reference rate per world size (at 1, that of the runs
+    standing for world size 1), where the lab's throughput is a ratio to one."""
+    references = references or {}
+    verdicts: list[Verdict] = []
+    ok = {ws: [s for s in samples if s.status == "ok"] for ws, samples in cells.items()}
+    base_runs = [s for s in (single_device if single_device is not None else cells.get(1, [])) if s.status == "ok"]
+
+    def mean_of(ws: int, name: str, runs: list[Sample] | None = None) -> float | None:
+        values = [sample_metric(s, name) for s in (runs if runs is not None else ok.get(ws, []))]
+        return None if not values or None in values else mean_ci(values).mean  # type: ignore[arg-type]
+
+    for ws in sorted(cells):
+        if ws == 1:
+            continue
+        if exp.accuracy_delta is not None:
+            base, here = mean_of(1, exp.accuracy_metric, base_runs), mean_of(ws, exp.accuracy_metric)
+            if base is None or here is None:
+                verdicts.append(Verdict(exp.lab, ws, "accuracy_vs_ws1", "-", f"within {exp.accuracy_delta:g}",
+                                        None, "needs successful runs with final accuracy at world sizes 1 and "
+                                              f"{ws}"))
+            else:
+                compared = f"{exp.accuracy_metric} {here:.3f} at {ws} vs {base:.3f} at 1" + (
+                    f" ({exp.single_device})" if exp.single_device else "")
+                verdicts.append(as_lesson(exp, Verdict(exp.lab, ws, "accuracy_vs_ws1", f"{here - base:+.3f}",
+                                                       f"within ±{exp.accuracy_delta:g}",
+                                                       abs(here - base) <= exp.accuracy_delta, compared,
+                                                       margin=within(abs(here - base), exp.accuracy_delta))))
+        if ws in exp.efficiency_min:
+            base, here = mean_of(1, exp.throughput_metric, base_runs), mean_of(ws, exp.throughput_metric)
+            if not base or here is None:
+                verdicts.append(Verdict(exp.lab, ws, "efficiency", "-", f">= {exp.efficiency_min[ws]:g}", None,
+                                        f"needs {exp.throughput_metric} at world sizes 1 and {ws}"))
+            else:
+                efficiency = scaling_efficiency(here, ws, base)
+                how = f"T({ws}) / ({ws} T(1)) with T = {exp.throughput_metric}" + (
+                    f" (T(1): the {exp.single_device}'s)" if exp.single_device else "")
+                if exp.reference and references.get(1) and references.get(ws):
+                    loop = scaling_efficiency(references[ws], ws, references[1])  # type: ignore[arg-type]
+                    how = f"{how} = {efficiency:.3f}, over its reference's own {loop:.3f} in this grade"
+                    efficiency /= loop
+                verdicts.append(as_lesson(exp, Verdict(exp.lab, ws, "efficiency", f"{efficiency:.3f}",
+                                                       f">= {exp.efficiency_min[ws]:g}",
+                                                       efficiency >= exp.efficiency_min[ws], how,
+                                                       margin=above(efficiency, exp.efficiency_min[ws]))))
+    return verdicts
+
+
+def grade_verdicts(profile: Profile, labs: list[str], done: dict[tuple[str, int], list[Sample]],
+             references: dict[tuple[str, int], float | None] | None = None) -> list[Verdict]:
+    """Every verdict of a grade: each cell's, then each lab's across world sizes. `references`: each
+    cell's reference rate (grade.reference_rates), for the labs whose throughput is a ratio."""
+    verdicts = []
+    references = references or {}
+    for lab in labs:
+        exp = profile.labs[lab]
+        cells = {ws: samples for (name, ws), samples in done.items() if name == lab}
+        for ws in sorted(cells):
+            verdicts += evaluate_cell(exp, ws, cells[ws], references.get((lab, ws)))
+        base, rates = row_baseline(exp, done, references)
+        verdicts += evaluate_across(exp, cells, base, rates)
+    return verdicts
+
+
+def row_baseline(exp: LabExpectation, done: dict[tuple[str, int], list[Sample]],
+                 references: dict[tuple[str, int], float | None]
+                 ) -> tuple[list[Sample] | None, dict[int, float | None]]:
+    """What a row is compared with across world sizes: the runs standing for its world size 1 when
+    they are another row's (its single_device; None: its own), and its reference rate per world size,
+    at 1 that of those runs."""
+    rates = {ws: rate for (name, ws), rate in references.items() if name == exp.lab}
+    if not exp.single_device:
+        return None, rates
+    rates[1] = references.get((exp.single_device, 1))
+    return done.get((exp.single_device, 1), []), rates

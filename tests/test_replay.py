@@ -1,0 +1,85 @@
+"""A grade replayed from stored runs: the same verdicts, byte for byte, with no training.
+
+tests/fixtures/replay holds what one real `distlab grade` (cpu-smoke: baseline at world size 1, ddp
+at 1 and 2, each beside its reference loop) left behind and read after each launch: run.json,
+record.json, every rank's observations, and the accuracy the harness measured from rank 0's weights
+(measured.json; tests/fixtures/replay/capture.py says how it was made). The replay runs `grade.run`
+itself, with the launches replaced by those runs: the plan, the observed checks, the throughput the
+harness times, the claims compared, the reference pairing, every verdict and the report. A change
+that is meant to leave behaviour alone (a refactor) must leave expected_verdicts.json as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from harness.commands import grade
+from harness.commands.cli import build_parser
+from harness.run.launchers import Failure
+from harness.run.state import RunResult
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "replay"
+EXPECTED = FIXTURE / "expected_verdicts.json"
+
+
+class StoredMeasurements:
+    """The evaluator's answers as the real grade got them (its weights are not kept)."""
+
+    def __init__(self, answers: dict[str, dict]) -> None:
+        self.answers = answers
+
+    def measure(self, observe_dir: Path | str, lab_args: list[str]) -> dict:
+        return self.answers[str(Path(observe_dir).parent)]
+
+
+def stored_result(run_dir: str) -> RunResult:
+    """The RunResult that run_lab returned for this run, from the run.json and record.json it wrote."""
+    run = json.loads((Path(run_dir) / "run.json").read_text())
+    record = json.loads((Path(run_dir) / "record.json").read_text())
+    return RunResult(Path(run_dir), run["returncode"], run["status"], run["reason"], record,
+                     Failure(**run["failure"]) if run["failure"] else None, run["wall_seconds"],
+                     run["timed_out"], run["interrupted"], run["hang_suspected"], run["stopped_by"])
+
+
+def replay(results: Path) -> bytes:
+    """grade.run over the stored runs; the verdicts.json it writes."""
+    runs = json.loads((FIXTURE / "runs.json").read_text())
+    evaluator = StoredMeasurements(json.loads((FIXTURE / "measured.json").read_text()))
+
+    def execute(grade_plan, done, references):
+        assert [f"{lab}@{ws}" for lab, ws in grade_plan.cells()] == list(runs["done"])
+        for lab, ws in grade_plan.cells():
+            cell = f"{lab}@{ws}"
+            reference = grade_plan.reference(lab, ws)
+            for run_dir in runs["references"].get(cell, []):
+                references.setdefault((lab, ws), []).append(grade.timed(stored_result(run_dir), reference[0].metric))
+            for run_dir in runs["done"][cell]:
+                done.setdefault((lab, ws), []).append(grade.observed_sample(
+                    stored_result(run_dir), grade_plan.profile.labs[lab], grade_plan.request(lab, ws), evaluator))
+
+    args = build_parser().parse_args([*runs["args"], "--results", str(results)])
+    grade.run(args, execute_cells=execute)
+    return next(results.glob("grade/*/verdicts.json")).read_bytes()
+
+
+def test_replayed_grade_gives_the_stored_verdicts(tmp_path, monkeypatch):
+    monkeypatch.chdir(FIXTURE)  # run directories by their names in the fixture: no path of this machine
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    verdicts = replay(tmp_path)
+    if os.environ.get("DISTLAB_REPLAY_WRITE") == "1":
+        EXPECTED.write_bytes(verdicts)
+    assert verdicts == EXPECTED.read_bytes()
+
+
+def test_the_stored_verdicts_are_the_live_grade_s():
+    """The replay stands for the grade: the verdicts the real grade wrote (live_verdicts.json, with
+    this machine's run directories), the same but for the run directories' place. And they are
+    worth comparing: every kind of verdict the cells have, with their measured numbers."""
+    replayed, live = json.loads(EXPECTED.read_text()), json.loads((FIXTURE / "live_verdicts.json").read_text())
+    assert replayed == live
+    checks = {v["check"] for v in replayed}
+    assert {"run", "time", "img_per_sec_ratio", "efficiency", "observed:shards_disjoint",
+            "observed:replicas_identical", "observed:optimizer_steps_equal"} <= checks
+    assert all(v["measured"] for v in replayed) and len(replayed) == 34
