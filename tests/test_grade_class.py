@@ -315,3 +315,15 @@ def test_jobs_at_once_never_share_a_uid():
     finally:
         os.close(held)
         os.close(other)
+
+
+def test_a_checkout_under_tmp_is_bound_again_over_the_private_tmp(tmp_path):
+    # A clone in /tmp (CI's, a student's): the sandbox's empty /tmp would hide the repository and its
+    # environment, and every run would end with exit code 127 (command not found).
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    spec = sandbox.Spec(uid=sandbox.FIRST_UID, limits={}, read_only=[str(checkout)], hidden=[])
+    argv = sandbox.bwrap_argv(spec, str(tmp_path / "run"), ["true"])
+    private_tmp = argv.index("--tmpfs", argv.index("--dev"))
+    binds = [i for i in range(len(argv) - 1) if argv[i] == "--ro-bind" and argv[i + 1] == str(checkout)]
+    assert binds and binds[-1] > private_tmp

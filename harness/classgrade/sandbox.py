@@ -227,6 +227,10 @@ def base_read_only(python: str = sys.executable) -> list[str]:
     return sorted({"/usr", "/etc", str(REPO), str(interpreter), *prefixes})
 
 
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
 def _parents(path: str, made: set[str]) -> list[str]:
     """`--dir` for each folder above `path` not made yet: bwrap would make them mode 0700, closed to the job's uid."""
     args: list[str] = []
@@ -260,6 +264,12 @@ def bwrap_argv(spec: Spec, run_dir: str, command: list[str], tool: str = "bwrap"
     argv += _parents(cpu_info, made) + ["--ro-bind-try", cpu_info, cpu_info]
     argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp",
              "--perms", "1777", "--tmpfs", "/dev/shm"]
+    scratch = ["/tmp", "/dev/shm"]  # private and empty now: what was bound or made under them is gone
+    made = {p for p in made if not _under(p, scratch)}
+    for path in bound:  # a checkout or environment under /tmp (a clone there) is bound again over it
+        if _under(path, scratch) and os.path.exists(path):
+            argv += _parents(path, made) + ["--ro-bind", path, path]
+            made.add(path)
     for index in spec.gpus or []:  # written for GPU hosts: untested here (no GPU on this machine)
         argv += ["--dev-bind-try", f"/dev/nvidia{index}", f"/dev/nvidia{index}"]
     if spec.gpus:
@@ -270,12 +280,12 @@ def bwrap_argv(spec: Spec, run_dir: str, command: list[str], tool: str = "bwrap"
                  "/sys/module/nvidia"]
     # Hidden next (the class's other folders, where a broad bind shows them), then what is the job's
     # own, bound into those empty folders: the parents made before are gone under the new tmpfs.
-    covered = ["/tmp", "/dev/shm"]
+    covered = []
     for path in spec.hidden:
-        if any(path == ro or path.startswith(ro.rstrip("/") + "/") for ro in bound):
+        if _under(path, bound):
             argv += ["--perms", "0755", "--tmpfs", path]
             covered.append(path)
-    made = {p for p in made if not any(p == c or p.startswith(c + "/") for c in covered)}
+    made = {p for p in made if not _under(p, covered)}
     for path in sorted(set(spec.own), key=lambda p: (p.count("/"), p)):
         if os.path.exists(path):
             argv += _parents(path, made) + ["--ro-bind", path, path]
