@@ -24,7 +24,7 @@ DRY_RUN ?= $(if $(findstring n,$(firstword -$(MAKEFLAGS))),1)
 export RUNTIME ENGINE GPUS NP BACKEND LAB_ARGS DRY_RUN
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint grade grade-smoke grade-gpu gpu-acceptance gpu-wheels doctor data calibrate bench-train bench-allreduce bench-verdict \
+.PHONY: help setup test lint grade grade-smoke grade-gpu gpu-acceptance gpu-wheels doctor data calibrate bench-train bench-allreduce bench-verdict slurm \
         image image-cpu image-test gpu clean
 
 help: ## list every target with one line
@@ -72,6 +72,9 @@ bench-train: $(NOX) ## training-path benchmark: baseline vs in-memory loop, DDP/
 
 bench-allreduce: $(NOX) ## allreduce_bench vs the tightest plain loop of each library
 	$(NOX) -s "bench(what='allreduce')"
+
+slurm: $(NOX) ## a real two-node Slurm on this host (root, Debian packages): the templates and grade --slurm submitted
+	$(NOX) -s slurm
 
 bench-verdict: $(NOX) ## a copy of the DDP lab and its twice-slower mutant graded 10 times each beside two busy processes
 	$(NOX) -s "bench(what='verdict')"

@@ -16,6 +16,7 @@ import hashlib
 import os
 import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -153,7 +154,7 @@ def calibrate(session: nox.Session) -> None:
 
 @nox.session(name="report-view", venv_backend="none", default=False)
 def report_view(session: nox.Session) -> None:
-    """Render the newest grade report (or the report.html given) in headless Chromium, as report.png beside it."""
+    """The newest grade report, or the pages given (class.html, feedback), in headless Chromium: a PNG beside each."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if not browser:
         session.error("no Chromium here; install it (Debian: apt-get install chromium) to look at the report")
@@ -161,9 +162,15 @@ def report_view(session: nox.Session) -> None:
     if not pages:
         session.error("no grade report under results/grade; run `make grade` or `make grade-smoke` first")
     for page in pages:
-        shot = page.with_name("report.png")
-        session.run(browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                    "--window-size=1280,2400", f"--screenshot={shot}", page.resolve().as_uri(), external=True)
+        if not page.is_file():
+            session.error(f"{page}: no such page; give a report.html, class.html or feedback/<id>.html")
+        shot = page.with_suffix(".png")
+        # no background networking: on a closed network Chromium's own update and sync calls only fail
+        with tempfile.TemporaryDirectory(prefix="distlab-chromium-") as profile:
+            session.run(browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                        "--no-first-run", f"--user-data-dir={profile}", "--window-size=1280,2400",
+                        f"--screenshot={shot}", page.resolve().as_uri(), external=True)
         session.log(f"{shot}: open it and look")
 
 

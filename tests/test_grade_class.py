@@ -229,6 +229,21 @@ def test_a_regrade_after_the_rubric_changed_recomputes_without_training(graded):
 
 @needs_sandbox
 @pytest.mark.integration
+@the_class
+def test_a_results_folder_moved_elsewhere_regrades_to_the_same_grades(graded, tmp_path):
+    moved = tmp_path / "archive"
+    shutil.copytree(graded["folder"] / "results", moved, symlinks=True)
+    done = grade_class(graded["submissions"], "--profile", str(graded["profile"]), "--rubric", str(graded["rubric"]),
+                       "--results", str(moved), "--regrade")
+    assert done.returncode == 0 and "0 to grade" in done.stdout, done.stdout + done.stderr
+    book = {row["id"]: row for row in csv.DictReader((moved / "class/week4/gradebook.csv").open())}
+    assert book == graded["gradebook"]  # not "pending": the stored jobs are found where they lie now
+    feedback = (moved / "class/week4/feedback/dave.md").read_text()
+    assert "### unused_parameters" in feedback  # the crash lesson, read from the moved runs' logs
+
+
+@needs_sandbox
+@pytest.mark.integration
 def test_a_class_stopped_by_sigterm_resumes_where_it_stopped(tmp_path):
     submissions = tmp_path / "late"
     submissions.mkdir()
@@ -327,3 +342,82 @@ def test_a_checkout_under_tmp_is_bound_again_over_the_private_tmp(tmp_path):
     private_tmp = argv.index("--tmpfs", argv.index("--dev"))
     binds = [i for i in range(len(argv) - 1) if argv[i] == "--ro-bind" and argv[i + 1] == str(checkout)]
     assert binds and binds[-1] > private_tmp
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_limits_land_in_the_cgroup_files_of_either_version(version, tmp_path, monkeypatch):
+    """Both layouts, on a fake hierarchy: this host has cgroup v1 (memory and pids, v2 only for
+    hugetlb), so without this the v2 path would never run before a v2 host graded with it."""
+    if version == 2:
+        (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids\n")
+    else:
+        for kind in ("memory", "pids"):
+            (tmp_path / kind).mkdir()
+    monkeypatch.setattr(sandbox, "CGROUP_ROOT", tmp_path)
+    limits = sandbox.Limits(memory_bytes=3 * sandbox.GIB, processes=77)
+    group = sandbox.Cgroup.create("class-alice", limits)
+    assert group is not None and group.version == version
+    memory, pids = group.dirs["memory"], group.dirs["pids"]
+    if version == 2:
+        assert memory == pids == tmp_path / "distlab" / "class-alice"
+        assert (tmp_path / "distlab" / "cgroup.subtree_control").read_text() == "+memory +pids"
+        assert (memory / "memory.max").read_text() == str(3 * sandbox.GIB)
+        assert (memory / "memory.swap.max").read_text() == "0"  # RAM and swap together, as v1's memsw
+        (memory / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
+        (memory / "memory.peak").write_text("123456\n")
+    else:
+        assert memory == tmp_path / "memory" / "distlab" / "class-alice"
+        assert (memory / "memory.limit_in_bytes").read_text() == str(3 * sandbox.GIB)
+        assert (memory / "memory.memsw.limit_in_bytes").read_text() == str(3 * sandbox.GIB)
+        (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+        (memory / "memory.max_usage_in_bytes").write_text("123456\n")
+    assert (pids / "pids.max").read_text() == "77"
+    (pids / "pids.events").write_text("max 3\n")
+    assert (group.oom_kills(), group.process_limit_hits(), group.peak_memory()) == (1, 3, 123456)
+    assert group.procs_files() == sorted({str(memory / "cgroup.procs"), str(pids / "cgroup.procs")})
+
+
+def test_no_writable_cgroup_hierarchy_gives_no_cgroup(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "CGROUP_ROOT", tmp_path)  # neither layout: the job is refused upstream
+    assert sandbox.Cgroup.create("class-alice", sandbox.Limits()) is None
+
+
+def test_the_class_page_counts_the_pitfall_that_ended_a_run_not_the_run():
+    from harness.classgrade.outputs import Outcome, failed_checks
+
+    def failing(*checks: str) -> list[Verdict]:
+        return [Verdict("ddp", 2, check, "FAILED", "passed", False) for check in checks]
+
+    outcomes = [
+        Outcome("no-set-epoch", "graded", verdicts=failing("run", "observed:order_changes_per_epoch")),
+        Outcome("unused", "graded", verdicts=failing("run"), crashes=[("unused_parameters", "DDP's error")]),
+        Outcome("bomb", "ungradable", verdicts=failing("run"), sandbox={"breaches": ["started more than 512"]}),
+        Outcome("crashed", "ungradable", verdicts=failing("run")),  # nothing else says why: the run is the finding
+        Outcome("no-sampler", "graded", verdicts=failing("observed:shards_disjoint")),
+    ]
+    assert failed_checks(outcomes) == {"run": 1, "observed:order_changes_per_epoch": 1, "unused_parameters": 1,
+                                       "sandbox: stopped": 1, "observed:shards_disjoint": 1}
+
+
+def test_feedback_puts_what_ended_the_run_before_the_failed_run():
+    from harness.classgrade.outputs import Outcome, findings
+
+    shipped = rubric.load()
+    verdicts = [Verdict("ddp", 2, "run", "0/1 ok", "all ok", False, "rank 0 exited with code 1"),
+                Verdict("ddp", 2, "observed:order_changes_per_epoch", "FAILED", "passed", False, "the same order")]
+    outcome = Outcome("no-set-epoch", "graded", scores=shipped.score(verdicts), verdicts=verdicts)
+    assert [f.check for f in findings(outcome, shipped, shown_only=False)] == [
+        "observed:order_changes_per_epoch", "run"]
+    alone = [Verdict("ddp", 2, "run", "0/1 ok", "all ok", False, "rank 0 exited with code 1")]
+    crashed = Outcome("crashed", "graded", scores=shipped.score(alone), verdicts=alone)
+    assert [f.check for f in findings(crashed, shipped, shown_only=False)] == ["run"]
+
+
+def test_results_inside_the_submissions_folder_are_refused_and_nothing_is_written(tmp_path):
+    subs = tmp_path / "week4"
+    subs.mkdir()
+    (subs / "alice.py").write_text("")
+    done = run_distlab(["grade-class", str(subs), "--lab", "ddp", "--no-sandbox", "--results", str(subs)])
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "inside the submissions folder" in done.stderr and "outside it" in done.stderr
+    assert sorted(p.name for p in subs.iterdir()) == ["alice.py"]  # no grade became a student's folder

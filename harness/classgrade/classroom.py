@@ -204,6 +204,14 @@ def _logs(run_dirs: list[Path]) -> list[str]:
     return [jobs._read(log) for d in run_dirs for log in [d / "launcher.log", *sorted(d.glob("rank.*.log"))]]
 
 
+def _rebased(run_dir: str, job: dict[str, Any]) -> Path:
+    """A run's folder where the job's folder lies now (the stored path names where it was written)."""
+    path, written_in = Path(run_dir), job.get("written_in")
+    if written_in and path.is_relative_to(written_in):
+        return Path(job["folder"]) / path.relative_to(written_in)
+    return path
+
+
 def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubric.Rubric,
                sandboxed: bool) -> outputs.Outcome:
     if student.problem:
@@ -221,7 +229,7 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
     samples = [s for runs in done.values() for s in runs]
     account = stored.get("sandbox") or {}
     outcome = outputs.Outcome(student.id, "graded", "", the_rubric.score(verdicts), verdicts, account,
-                              lessons.crash_lessons(_logs([Path(s.run_dir) for s in samples])),
+                              lessons.crash_lessons(_logs([_rebased(s.run_dir, job) for s in samples])),
                               sandboxed=account.get("sandboxed", sandboxed))
     started = [s for s in samples if s.observed or ((s.record or {}).get("provenance") or {}).get("written_by")
                not in ("harness", None)]
@@ -267,7 +275,10 @@ def _profile_argument(profile: str | None) -> str | None:
 def _stored_job(class_dir: Path, student: Submission) -> dict[str, Any] | None:
     path = class_dir / "jobs" / student.id / "job.json"
     with contextlib.suppress(OSError, ValueError):
-        return json.loads(path.read_text())
+        job = json.loads(path.read_text())
+        # Where it lies now: a results folder moved or copied still regrades (its runs rebased in outcome_of).
+        job["written_in"], job["folder"] = job.get("folder"), str(path.parent)
+        return job
     return None
 
 
@@ -300,6 +311,10 @@ def run(args: argparse.Namespace) -> int:
         if refusal:
             raise UsageError(refusal)
     class_dir = _class_dir(args)
+    if class_dir.is_relative_to(args.submissions.resolve()):
+        # the next run would find the grades as a student's folder (and hide them from the sandbox)
+        raise UsageError(f"--results {args.results} puts the grades inside the submissions folder "
+                         f"{args.submissions}; give --results a folder outside it")
     students = find_submissions(args.submissions)
     if not students:
         raise UsageError(f"{args.submissions} holds no submissions (one folder or .py file per student)")
@@ -378,7 +393,8 @@ def run(args: argparse.Namespace) -> int:
                "ungradable": sum(o.status == "ungradable" for o in outcomes),
                "pending": [o.id for o in outcomes if o.status == "pending"],
                "mean": f"{statistics.fmean(o.score for o in graded):.2f}" if graded else "-",
-               "wall_seconds": time.monotonic() - started, "interrupted": interrupted is not None,
+               "wall_seconds": time.monotonic() - started, "regraded": bool(args.regrade),
+               "interrupted": interrupted is not None,
                "students": {o.id: {"status": o.status, "score": o.score, "reason": o.reason,
                                    "sandbox": o.findings(), "seconds": o.seconds, "rate_ratio": o.rate_ratio,
                                    "items": {s.item.name: s.score for s in o.scores}} for o in outcomes}}

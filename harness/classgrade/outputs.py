@@ -84,7 +84,8 @@ class Finding:
 
 
 def findings(outcome: Outcome, rubric: Rubric, shown_only: bool) -> list[Finding]:
-    """Each failed check of an item the reader may see, with its lesson; then crashes and the sandbox's account."""
+    """Each failed check of an item the reader may see, with its lesson; then crashes and the sandbox's account.
+    A failed run comes last where something else was found: that is what ended it, so it is read first."""
     found: list[Finding] = []
     seen: set[tuple[str, int | None]] = set()
     for score in outcome.scores:
@@ -99,7 +100,8 @@ def findings(outcome: Outcome, rubric: Rubric, shown_only: bool) -> list[Finding
         found.append(Finding(key, None, saw, lessons.LESSONS.get(key)))
     for text in outcome.findings():
         found.append(Finding("sandbox", None, text, lessons.LESSONS["sandbox"]))
-    return found
+    causes = [f for f in found if f.check != "run"]
+    return causes + [f for f in found if f.check == "run"] if causes else found
 
 
 def _visible_scores(outcome: Outcome, rubric: Rubric) -> list[Score]:
@@ -216,11 +218,18 @@ def _histogram(outcomes: list[Outcome], rubric: Rubric, out: Path) -> Path | Non
 
 
 def failed_checks(outcomes: list[Outcome]) -> Counter[str]:
-    """How many students failed each check (once per student, at any world size): the pitfall first."""
+    """How many students failed each check (once per student, at any world size): the pitfall first.
+
+    A run that did not end well is counted only where nothing else says why. A failed observed
+    check makes the lab's ranks exit non-zero, a known crash (DDP's unused-parameter error) ends
+    the run, and so does a sandbox breach. Counting "run" for those as well would put the
+    consequence at the top of the page, above the pitfall that caused it."""
     counts: Counter[str] = Counter()
     for o in outcomes:
-        counts.update({v.check for v in o.verdicts if v.passed is False})
-        counts.update({"sandbox: " + text.split(":", 1)[0] for text in o.findings()})
+        failed = {v.check for v in o.verdicts if v.passed is False}
+        causes = (failed - {"run"}) | {key for key, _ in o.crashes} | {
+            "sandbox: " + text.split(":", 1)[0] for text in o.findings()}
+        counts.update(causes or failed)
     return counts
 
 
@@ -249,7 +258,7 @@ def class_page(out_dir: Path, rubric: Rubric, outcomes: list[Outcome], summary: 
     body = f"""<h1>{e(rubric.name)}: {len(outcomes)} submission(s)</h1>{banner}
 <p>Lab <b>{e(summary['lab'])}</b>, profile <b>{e(summary['profile'])}</b>, {summary['jobs']} job(s) side by side;
 {summary['graded']} graded, {summary['ungradable']} ungradable; mean score {summary['mean']} of {rubric.max_score:g};
-{summary['wall_seconds']:.0f} s.</p>
+{'regraded from the stored runs in ' if summary.get('regraded') else ''}{summary['wall_seconds']:.0f} s.</p>
 <h2>Scores</h2>{figures([image]) if image else '<p>No submission was graded.</p>'}
 <h2>Checks failed, the most common first</h2>
 <table><tr><th>check</th><th>students</th><th>the fix</th></tr>{pitfalls or '<tr><td colspan=3>none</td></tr>'}</table>
