@@ -213,14 +213,14 @@ def horovod_nccl(session: nox.Session) -> None:
 @nox.session(venv_backend="none", requires=["env"], default=False)
 def robustness(session: nox.Session) -> None:
     """A profile graded under nine conditions (kernels, seeds, threads, load); the smallest margin per check."""
-    _run_in_env(session, "python", "-m", "harness.commands.robustness", *session.posargs)
+    _run_in_env(session, "distlab", "bench", "robustness", *session.posargs)
 
 
 @nox.session(venv_backend="none", requires=["env"], default=False)
-@nox.parametrize("what", ["train", "allreduce", "verdict"])
+@nox.parametrize("what", ["train", "allreduce", "verdict", "class"])
 def bench(session: nox.Session, what: str) -> None:
     """Benchmarks that print ratios measured side by side in one run."""
-    _run_in_env(session, "distlab", "bench", what, "--", *session.posargs)
+    _run_in_env(session, "distlab", "bench", what, *session.posargs)
 
 
 # What the Slurm session needs from Debian: the daemons and clients, munge for their credentials,

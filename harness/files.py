@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import stat
 import tempfile
 from pathlib import Path
 from typing import IO, Any
-
-from labs.common.contract import write_json_atomic
 
 _KINDS = [(stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")]
@@ -64,6 +63,15 @@ def read_regular_file(path: Path, limit: int, *, tail: bool = False, follow: boo
         return handle.read(limit + 1)[:limit] if tail else _read_at_most(handle, limit, path)
 
 
+def read_text(path: Path, limit: int, *, tail: bool = False) -> str:
+    """A file the harness did not write, as text (undecodable bytes replaced): at most `limit` bytes,
+    the last ones with tail=True; "" where it is missing, unreadable or not a regular file."""
+    try:
+        return read_regular_file(path, limit, tail=tail).decode(errors="replace")
+    except (OSError, ValueError):
+        return ""
+
+
 def _read_at_most(handle: IO[bytes], limit: int, path: Path) -> bytes:
     data = handle.read(limit + 1)  # the file may have grown since fstat
     if len(data) > limit:
@@ -84,11 +92,15 @@ def copy_regular_file(path: Path, out: IO[bytes]) -> int:
 
 def write_bytes(path: Path, data: bytes) -> None:
     """Write a harness file by rename: a link or FIFO the program planted there is replaced, never
-    followed; a directory in the way is set aside."""
+    followed; a directory in the way is set aside. Readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
         replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -110,13 +122,8 @@ def replace(tmp: str | Path, path: Path) -> None:
 
 
 def write_json(path: Path, data: Any) -> None:
-    try:
-        write_json_atomic(path, data)
-    except OSError as error:
-        if error.errno not in _IN_THE_WAY:
-            raise
-        set_aside(path)
-        write_json_atomic(path, data)
+    """The harness's one JSON writer: indented, one trailing newline, by rename (write_bytes)."""
+    write_bytes(path, (json.dumps(data, indent=2) + "\n").encode())
 
 
 def set_aside(path: Path, name: str | None = None) -> Path | None:

@@ -1,7 +1,8 @@
 """The published JSON Schemas (harness/schemas/, draft 2020-12), and checking data against them.
 
 record.schema.json describes the result record of the lab contract (labs/README.md, section 4),
-profile.schema.json a hardware profile or plan (harness/verdict/profiles.py). They are the contract in a
+profile.schema.json a hardware profile or plan (harness/verdict/profiles.py), observations.schema.json
+what the observer saw on one rank (harness/observe/observations.py). They are the contract in a
 form other tools can read; the harness checks what it reads against them after its own checks,
 so the schemas and the code cannot drift apart unnoticed. A mismatch is reported as the field's
 dotted path and what the schema wanted, the way harness/run/record.py and harness/verdict/profiles.py name
@@ -18,6 +19,7 @@ from typing import Any
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 RECORD_SCHEMA = "record.schema.json"
 PROFILE_SCHEMA = "profile.schema.json"
+OBSERVATIONS_SCHEMA = "observations.schema.json"
 MAX_MESSAGE = 200  # a schema message quotes the value, which may be a whole table
 
 

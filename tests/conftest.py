@@ -32,6 +32,31 @@ def run_distlab(args: list[str], timeout: float = 600, cwd: Path | None = None) 
                           stdin=subprocess.DEVNULL)
 
 
+def rank_observation(rank: int, **fields: Any) -> dict[str, Any]:
+    """A rank's observations in the observer's format (harness/schemas/observations.schema.json), made
+    up for a test: the fields given, the rest as a rank that observed nothing would have them. Each
+    loader pass given is completed the same way."""
+    passes = [{"loader": 0, "dataset": 0, "dataset_len": None, "sampler": "SequentialSampler", "batches": 0,
+               "steps": 0, "batch_sizes": [], "non_integer": False, "indices": [], "started": 0.0,
+               "step_times": [], "step_images": [], **p} for p in fields.pop("loader_passes", [])]
+    groups = [{"api": "torch.distributed", "seen_at": "init_process_group", **g}
+              for g in fields.pop("process_groups", [])]
+    model = fields.pop("model", None)
+    if model is not None:
+        model = {"class": "Net", "tensors": 0, "state_sha256": "0" * 64, "params_sha256": "0" * 64,
+                 "buffers_sha256": "0" * 64, "buffers": {}, "weights_file": None, **model}
+    return {"schema": "distlab-observations", "schema_version": 1, "rank": rank, "rank_source": "env RANK",
+            "pid": 1000 + rank, "argv": ["train.py"], "process_groups": groups, "optimizer_steps": 0,
+            "loader_passes": passes, "saves": [], "model": model, "errors": [], **fields}
+
+
+def write_rank_observation(folder: Path, rank: int, **fields: Any) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"rank.{rank}.json"
+    path.write_text(json.dumps(rank_observation(rank, **fields)))
+    return path
+
+
 def _load(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 

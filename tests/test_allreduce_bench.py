@@ -1,5 +1,5 @@
 """The bandwidth benchmark (labs/allreduce_bench) and the benchmark of the benchmark
-(harness/commands/bench_collectives)."""
+(harness/benchmarks/allreduce.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import shutil
 
 import pytest
 
-from harness.commands import bench_collectives
+from harness.benchmarks import allreduce as bench_collectives
+from harness.commands import cli
 from labs.allreduce_bench import allreduce_bench as bench
 from labs.allreduce_bench import nccl_tests
 from labs.collectives.primitives import PRIMITIVES, lookup, round_count, unsupported
@@ -168,8 +169,8 @@ def test_a_size_missing_from_a_run_is_compared_on_the_other_pairs():
 @pytest.mark.integration
 def test_benchmark_of_the_benchmark_reports_a_ratio_per_size(tmp_path):
     out = tmp_path / "bench.json"
-    code = bench_collectives.main(["--libraries", "gloo,nccl", "-b", "64K", "-e", "128K", "-w", "1", "-n", "3",
-                                   "--pairs", "1", "--warmup-pairs", "0", "--out", str(out)])
+    code = cli.main(["bench", "allreduce", "--libraries", "gloo,nccl", "-b", "64K", "-e", "128K", "-w", "1", "-n",
+                     "3", "--pairs", "1", "--warmup-pairs", "0", "--out", str(out)])
     summary = json.loads(out.read_text())
     assert summary["target"] == bench_collectives.TARGET == 0.95  # the target the module's docstring states
     gloo, nccl = summary["results"]

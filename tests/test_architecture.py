@@ -1,6 +1,8 @@
-"""The harness's folders as docs/architecture.md draws them: no import circle, and each stage importing
+"""The harness's folders as docs/architecture.md draws them: no import circle, each stage importing
 only what it may (a run never imports grading or reporting; the programs on the ranks import nothing
-of the harness).
+of the harness; nothing below the commands imports one; no command imports another), and the seam
+with labs/ (the lab contract anywhere, the training kit only on the ranks and in the evaluator, a lab
+never).
 
 Imports are read from the source with ast, every one of them: at the top of a module, inside a
 function, under TYPE_CHECKING. A circle hidden in a function body is still a circle a reader trips on.
@@ -17,7 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 HARNESS = REPO / "harness"
-# What each stage may import of the harness, besides itself and the base modules at harness/'s top.
+# What each stage may import of the harness, besides itself and the base modules at harness/'s top;
+# the table of docs/architecture.md, one row per folder. The order is the house's: down to the left.
 BASE = {"harness", "harness.catalog", "harness.console", "harness.files", "harness.usage", "harness.schema_check"}
 MAY_IMPORT = {
     "harness.on_ranks": set(),
@@ -25,7 +28,21 @@ MAY_IMPORT = {
     "harness.observe": {"harness.on_ranks", "harness.run"},
     "harness.verdict": {"harness.on_ranks", "harness.run", "harness.observe"},
     "harness.report": {"harness.verdict"},
+    "harness.planning": set(),
+    "harness.grading": {"harness.on_ranks", "harness.run", "harness.observe", "harness.verdict"},
+    "harness.classgrade": {"harness.on_ranks", "harness.run", "harness.observe", "harness.verdict", "harness.report",
+                           "harness.grading"},
+    "harness.benchmarks": {"harness.on_ranks", "harness.run", "harness.observe", "harness.verdict", "harness.report",
+                           "harness.grading", "harness.classgrade"},
+    "harness.commands": {"harness.on_ranks", "harness.run", "harness.observe", "harness.verdict", "harness.report",
+                         "harness.planning", "harness.grading", "harness.classgrade", "harness.benchmarks"},
 }
+# The seam with labs/: the lab contract (standard library only at import) may be imported anywhere;
+# the torch training kit only by what runs on the ranks and by the evaluator; a lab's program never.
+LAB_CONTRACT = {"labs.common.contract", "labs.common.topology", "labs.common.host", "labs.common.backends",
+                "labs.common.sizes", "labs.common.provenance"}
+TRAINING_KIT_USERS = {"harness.observe.accuracy",  # the evaluator: the lab's model and test set, rebuilt
+                      "harness.commands.data"}  # `distlab data`: the labs' own CIFAR-10 download
 
 
 def module_name(path: Path) -> str:
@@ -37,8 +54,12 @@ def harness_modules() -> dict[str, Path]:
     return {module_name(path): path for path in sorted(HARNESS.rglob("*.py"))}
 
 
+def lab_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted((REPO / "labs").rglob("*.py"))}
+
+
 def imports(path: Path, modules: dict[str, Path]) -> set[str]:
-    """The harness modules `path` imports (a `from package import name` counts the submodule)."""
+    """The modules of `modules` that `path` imports (a `from package import name` counts the submodule)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
@@ -134,17 +155,101 @@ def test_the_base_modules_import_no_stage():
     assert {module: sorted(graph[module] - BASE) for module in BASE if graph[module] - BASE} == {}
 
 
-@pytest.mark.parametrize("entry", ["harness.run.runner", "harness.run.request", "harness.commands.cli"])
+def test_the_table_has_a_row_for_every_folder_of_the_harness():
+    folders = {f"harness.{path.parent.relative_to(HARNESS).parts[0]}" for path in HARNESS.rglob("*.py")
+               if path.parent != HARNESS}
+    assert folders == set(MAY_IMPORT)
+
+
+def test_nothing_below_the_commands_imports_one_and_no_command_imports_another():
+    """The arrow back up the house: a stage importing a command, or a command another command (only
+    the parser, cli.py, is reached from a command: completion and acceptance drive the whole CLI)."""
+    from harness.commands.cli import COMMANDS
+
+    commands = {module for module, _ in COMMANDS.values()}
+    wrong = []
+    for module, imported in import_graph().items():
+        up = {other for other in imported if stage_of(other) == "harness.commands"}
+        if stage_of(module) != "harness.commands":
+            wrong += [f"{module} imports {other}" for other in sorted(up)]
+        elif module in commands:
+            wrong += [f"{module} imports {other}" for other in sorted(up & commands)]
+    assert wrong == []
+
+
+def test_the_finders_see_an_arrow_back_up_and_a_lab_imported(tmp_path, monkeypatch):
+    """The checks above can fail: a stage importing a command is caught, and so is a lab's program."""
+    fake = tmp_path / "harness" / "verdict" / "x.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("from harness.commands import grade\nimport labs.ddp.train\n")
+    modules = {"harness.commands.grade": Path("x"), "harness.verdict.x": fake, "labs.ddp.train": Path("y")}
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert imports(fake, modules) == {"harness.commands.grade", "labs.ddp.train"}
+    assert stage_of("harness.commands.grade") == "harness.commands"
+    assert not allowed_lab_import("harness.verdict.x", "labs.ddp.train")
+    assert not allowed_lab_import("harness.verdict.x", "labs.common.models")
+    assert allowed_lab_import("harness.on_ranks.train_loop", "labs.common.models")
+    assert allowed_lab_import("harness.verdict.x", "labs.common.contract")
+
+
+def allowed_lab_import(module: str, lab_module: str) -> bool:
+    if lab_module in LAB_CONTRACT:
+        return True
+    if lab_module.startswith("labs.common."):  # the training kit
+        return stage_of(module) == "harness.on_ranks" or module in TRAINING_KIT_USERS
+    return False  # a lab's own program, or labs.common itself as a package
+
+
+def test_the_harness_meets_labs_only_through_the_contract_and_the_training_kit_where_it_may():
+    labs = lab_modules()
+    wrong = [f"{module} imports {lab}" for module, path in harness_modules().items()
+             for lab in sorted(imports(path, labs)) if not allowed_lab_import(module, lab)]
+    assert wrong == []
+
+
+def test_the_lab_contract_needs_only_the_standard_library_at_import():
+    """What the harness imports of labs/ anywhere: importing it loads no torch (nor numpy)."""
+    code = (f"import sys; import {', '.join(sorted(LAB_CONTRACT))}; "
+            "print(' '.join(m for m in ('torch', 'numpy', 'torchvision') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert loaded.stdout.split() == []
+
+
+def test_the_harness_writes_json_through_its_one_writer():
+    """harness/files.write_json (by rename, one format): no module writes JSON files of its own."""
+    wrong = []
+    for module, path in harness_modules().items():
+        text = path.read_text()
+        if stage_of(module) == "harness.on_ranks" or module == "harness.files":
+            continue  # the ranks write with the standard library only; files.py is the writer
+        for needle in ("write_json_atomic", "json.dump(", ".write_text(json.dumps"):
+            if needle in text:
+                wrong.append(f"{module}: {needle}")
+    assert wrong == []
+
+
+@pytest.mark.parametrize("entry", ["harness.run.runner", "harness.run.request"])
 def test_running_a_lab_imports_no_grading_and_no_reporting(entry):
-    """What `distlab run` loads (the CLI, then the request and the runner): never observe, verdict,
-    report, or another command. Checked in a fresh interpreter, so that nothing a test imported counts."""
+    """What `distlab run` loads: never observe, verdict, report, grading, or another command. Checked
+    in a fresh interpreter, so that nothing a test imported counts."""
     code = f"import sys, {entry}; print(' '.join(sorted(m for m in sys.modules if m.startswith('harness'))))"
     loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     modules = loaded.stdout.split()
     assert entry in modules and "harness.run.request" in modules
-    assert [m for m in modules if m.split(".")[1:2] in (["observe"], ["verdict"], ["report"], ["classgrade"])] == []
-    front = {"harness.commands.cli", "harness.commands.verbs"}  # the parser; the verbs import their stage late
-    assert [m for m in modules if m.startswith("harness.commands.") and m not in front] == []
+    assert [m for m in modules if stage_of(m) not in (None, "harness.run", "harness.on_ranks")] == []
+
+
+def test_the_run_command_loads_its_own_module_and_the_parser_only():
+    """`distlab run ...` builds the parser for `run` alone: the other commands are not imported."""
+    code = ("import sys\nfrom harness.commands import cli\n"
+            "cli.build_parser('run').parse_args(['run', 'check', '-n', '1'])\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('harness'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    modules = loaded.stdout.split()
+    assert "harness.commands.run" in modules and "harness.run.runner" in modules
+    assert [m for m in modules if m.startswith("harness.commands.")] == ["harness.commands.cli", "harness.commands.run"]
+    assert [m for m in modules if stage_of(m) not in (None, "harness.run", "harness.on_ranks", "harness.commands")] \
+        == []
 
 
 def test_the_programs_on_the_ranks_import_nothing_of_the_harness_but_their_own_folder():
@@ -152,5 +257,14 @@ def test_the_programs_on_the_ranks_import_nothing_of_the_harness_but_their_own_f
     graph = import_graph()
     on_ranks = [m for m in graph if stage_of(m) == "harness.on_ranks"]
     assert {"harness.on_ranks.train_loop", "harness.on_ranks.plain_allreduce",
-            "harness.on_ranks.observer.distlab_observer"} <= set(on_ranks)
+            "harness.on_ranks.observer.distlab_observer.observer"} <= set(on_ranks)
     assert {m: sorted(graph[m]) for m in on_ranks if any(stage_of(o) != "harness.on_ranks" for o in graph[m])} == {}
+
+
+def test_the_observer_puts_one_name_first_on_the_ranks_path():
+    """Its folder goes first on every rank's PYTHONPATH: each module there shadows a student's module of
+    the same name, so it holds sitecustomize (on purpose) and the distlab_observer package, nothing else."""
+    from harness.on_ranks import OBSERVER
+
+    names = sorted(p.name for p in OBSERVER.iterdir() if p.name != "__pycache__")
+    assert names == ["__init__.py", "distlab_observer", "sitecustomize.py"]

@@ -6,7 +6,8 @@ import re
 import pytest
 
 from harness import usage
-from harness.commands import cli, verbs
+from harness.commands import cli
+from harness.commands import run as run_command
 from harness.run import request as requests
 from harness.run.state import RunResult
 
@@ -77,7 +78,7 @@ def test_a_failure_reason_in_brackets_is_printed_as_text_not_markup(capsys, tmp_
     (tmp_path / "rank.0.log").write_text("[rank0]: RuntimeError: [/__w/gloo/pair.cc:152] timed out\n")
     reason = "RuntimeError: [/__w/gloo/pair.cc:152] timed out connecting [bold]"
     result = RunResult(tmp_path, 1, "failed", reason, None, None, 1.0)
-    verbs.print_summary(result)
+    run_command.print_summary(result)
     out = capsys.readouterr().out
     assert reason in out and "[rank0]: RuntimeError: [/__w/gloo/pair.cc:152] timed out" in out
 

@@ -127,13 +127,9 @@ def test_a_data_parallel_row_is_compared_with_the_single_device_rows_world_size_
 
 
 def test_grading_a_data_parallel_lab_brings_its_single_device_row_along(tmp_path):
-    import argparse
+    from harness.grading.plan import plan_grade
 
-    from harness.commands import grade
-
-    args = argparse.Namespace(profile=str(REPO / "harness/profiles/cpu-grade.toml"), labs="ddp", program=None,
-                              world_sizes=None, repeats=1, results=tmp_path, timeout=None)
-    plan = grade.plan(args)
+    plan = plan_grade(load_profile(REPO / "harness/profiles/cpu-grade.toml"), labs=["ddp"], results_root=tmp_path)
     assert plan.labs == ["baseline", "ddp", "ddp-local-bn"]
     assert plan.cells() == [("baseline", 1), ("ddp", 2), ("ddp", 4), ("ddp-local-bn", 4)]
 
@@ -304,7 +300,7 @@ def test_calibration_of_a_data_parallel_row_measures_against_the_single_device_r
 
 
 def test_a_gpu_profile_grades_the_world_sizes_the_visible_gpus_can_hold(tmp_path):
-    from harness.commands.grade import GradePlan
+    from harness.grading.plan import GradePlan
 
     profile = load_profile(REPO / "harness/profiles/h100-80gb-sxm-8.toml")
     for gpus, sizes in ((1, [1]), (2, [1, 2]), (8, [1, 2, 4, 8])):  # ... with one rank per GPU
@@ -313,7 +309,7 @@ def test_a_gpu_profile_grades_the_world_sizes_the_visible_gpus_can_hold(tmp_path
 
 
 def test_world_sizes_select_among_the_profiles_cells_and_add_their_arguments(tmp_path):
-    from harness.commands.grade import GradePlan
+    from harness.grading.plan import GradePlan
 
     path = write(tmp_path, GOOD.replace("world_sizes = [1, 2]", 'world_sizes = [1, 2]\nworld_size_args = '
                                         '{ "2" = ["--batch-size", "16"] }'))
@@ -326,25 +322,27 @@ def test_world_sizes_select_among_the_profiles_cells_and_add_their_arguments(tmp
 
 
 def test_each_run_of_a_cell_follows_a_reference_run_of_its_own_at_the_profiles_threads(tmp_path, monkeypatch):
-    from harness.commands import grade
+    from harness.grading import execute, samples
+    from harness.grading.plan import GradePlan
     from harness.run.state import RunResult
 
     profile = load_profile(REPO / "harness/profiles/plans/cpu-grade.toml")
     assert profile.threads_per_rank == 1
-    plan = grade.GradePlan(profile, ["baseline", "ddp", "horovod", "allreduce_bench", "ddp-local-bn"], [1, 2], 2,
+    plan = GradePlan(profile, ["baseline", "ddp", "horovod", "allreduce_bench", "ddp-local-bn"], [1, 2], 2,
                            {}, tmp_path, None)
-    ref, base1 = plan.reference("baseline", 1)
+    ref, base1 = plan.reference("baseline", 1), plan.reference_request("baseline", 1)
     assert ref.name == "train_loop" and base1.world_size == 1 and base1.launcher == "python" and not base1.observe
     assert base1.threads == plan.request("baseline", 1).threads == 1  # the profile's threads, lab and reference alike
-    assert plan.request("ddp", 2).threads == plan.reference("ddp", 2)[1].threads == 1
+    assert plan.request("ddp", 2).threads == plan.reference_request("ddp", 2).threads == 1
     # As many loop ranks as the lab has, side by side: one process times N got a whole core under load
     # while the lab's N ranks shared what was left.
-    ddp2 = plan.reference("ddp", 2)[1]
+    ddp2 = plan.reference_request("ddp", 2)
     assert (ddp2.world_size, ddp2.launcher, ddp2.backend) == (2, "torchrun", "gloo")
     assert any("{run_dir}" in arg for arg in plan.request("ddp", 2).lab_args)
     assert not any("{run_dir}" in arg for arg in ddp2.lab_args)  # the lab's checkpoint path is not its
-    bench = plan.reference("allreduce_bench", 2)
-    assert bench[0].name == "plain_allreduce" and bench[1].world_size == 2 and bench[1].backend == "gloo"
+    bench = plan.reference_request("allreduce_bench", 2)
+    assert plan.reference("allreduce_bench", 2).name == "plain_allreduce"
+    assert bench.world_size == 2 and bench.backend == "gloo"
     assert plan.reference("ddp-local-bn", 4) is None  # no throughput band: no reference to run
 
     started = []
@@ -353,10 +351,10 @@ def test_each_run_of_a_cell_follows_a_reference_run_of_its_own_at_the_profiles_t
         started.append((request.lab, request.world_size))
         return RunResult(tmp_path, 0, "ok", None, {"metrics": {"img_per_sec": 10.0}}, None, 1.0)
 
-    monkeypatch.setattr(grade, "run_lab", run_lab)
-    monkeypatch.setattr(grade, "observed_sample", lambda result, exp, request, evaluator: grade.sample_of(result))
+    monkeypatch.setattr(execute, "run_lab", run_lab)
+    monkeypatch.setattr(samples, "observed_sample", lambda result, exp, request, evaluator: samples.sample_of(result))
     done, references = {}, {}
-    grade.execute(plan, done, references)
+    execute.execute(plan, done, references)
     # Reference, run, reference, run: a load that comes and goes touches a run and its reference alike.
     assert started[:4] == [("train_loop", 1), ("baseline", 1)] * 2
     assert started[4:8] == [("train_loop", 2), ("ddp", 2)] * 2
@@ -381,25 +379,22 @@ def test_the_training_reference_refuses_several_ranks_without_gloo(tmp_path):
 
 
 def test_a_students_program_is_timed_against_the_course_lab_in_the_same_cell(tmp_path):
-    import argparse
-
-    from harness.commands import grade
+    from harness.grading.plan import plan_grade
     from harness.verdict.references import PROGRAM_RATIO_FLOOR
 
     student = tmp_path / "my_ddp.py"
     student.write_text("print('a program')\n")
-    args = argparse.Namespace(profile=str(REPO / "harness/profiles/cpu-smoke.toml"), labs="baseline,ddp",
-                              program=[f"ddp={student}"], world_sizes=None, repeats=1, results=tmp_path, timeout=None)
-    plan = grade.plan(args)
+    plan = plan_grade(load_profile(REPO / "harness/profiles/cpu-smoke.toml"), labs=["baseline", "ddp"],
+                      programs={"ddp": student}, results_root=tmp_path)
     assert plan.request("ddp", 2).program == student.resolve()
-    ref, course = plan.reference("ddp", 2)
+    ref, course = plan.reference("ddp", 2), plan.reference_request("ddp", 2)
     # Launched like the program (the same launcher and backend), but the course's lab, observed alike.
     assert ref.name == "course-ddp" and course.program == REPO / "labs/ddp/train.py" and course.observe
     assert (course.launcher, course.backend) == (plan.request("ddp", 2).launcher, "gloo")
     ratio = next(band for band in plan.profile.labs["ddp"].bands if band.at_least_ratio)
     assert ratio.at_least_ratio == {1: PROGRAM_RATIO_FLOOR, 2: PROGRAM_RATIO_FLOOR}
     # The rows without a program keep the profile's plain loop and its calibrated floor.
-    assert plan.reference("baseline", 1)[0].name == "train_loop"
+    assert plan.reference("baseline", 1).name == "train_loop"
     shipped = profiles.load_profile(REPO / "harness/profiles/cpu-smoke.toml").labs["baseline"].bands
     assert plan.profile.labs["baseline"].bands == shipped
 
@@ -422,17 +417,16 @@ def test_a_ratio_is_the_median_of_each_runs_ratio_to_the_reference_measured_arou
 
 
 def test_a_students_runs_are_bracketed_by_the_course_labs_and_paired_with_both_neighbours(tmp_path, monkeypatch):
-    import argparse
-
-    from harness.commands import grade
+    from harness.grading import execute, samples
+    from harness.grading.plan import plan_grade
     from harness.run.state import RunResult
+    from harness.verdict.pairing import pair_references
     from harness.verdict.references import PROGRAM_PAIRS
 
     student = tmp_path / "my_ddp.py"
     student.write_text("print('a program')\n")
-    args = argparse.Namespace(profile=str(REPO / "harness/profiles/cpu-smoke.toml"), labs="ddp",
-                              program=[f"ddp={student}"], world_sizes=[2], repeats=1, results=tmp_path, timeout=None)
-    plan = grade.plan(args)
+    plan = plan_grade(load_profile(REPO / "harness/profiles/cpu-smoke.toml"), labs=["ddp"], programs={"ddp": student},
+                      world_sizes=[2], results_root=tmp_path)
     assert plan.bracketed("ddp") and plan.runs("ddp") == PROGRAM_PAIRS == 3
     assert not plan.bracketed("baseline") and plan.runs("baseline") == 1  # the course's own rows: --repeats
     rates = iter([100.0, 50.0, 80.0, 40.0, 60.0, 30.0, 40.0])  # lab, program, lab, program, lab, program, lab
@@ -442,14 +436,14 @@ def test_a_students_runs_are_bracketed_by_the_course_labs_and_paired_with_both_n
         started.append("program" if request.program == student.resolve() else request.lab)
         return RunResult(tmp_path, 0, "ok", None, {"metrics": {"img_per_sec": next(rates)}}, None, 1.0)
 
-    monkeypatch.setattr(grade, "run_lab", run_lab)
-    monkeypatch.setattr(grade, "observed_sample", lambda result, exp, request, evaluator: grade.sample_of(result))
-    monkeypatch.setattr(grade, "timed", lambda result, metric: grade.sample_of(result))
+    monkeypatch.setattr(execute, "run_lab", run_lab)
+    monkeypatch.setattr(samples, "observed_sample", lambda result, exp, request, evaluator: samples.sample_of(result))
+    monkeypatch.setattr(samples, "timed", lambda result, metric: samples.sample_of(result))
     done, references = {}, {}
-    grade.execute(plan, done, references)
+    execute.execute(plan, done, references)
     lab = started[0]
     assert started == [lab, "program"] * 3 + [lab]
-    grade.pair_references(plan, done, references)
+    pair_references(plan.reference, done, references)
     assert [s.reference for s in done["ddp", 2]] == [90.0, 70.0, 50.0]  # the mean of the runs around each
 
 

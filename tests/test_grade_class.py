@@ -25,7 +25,7 @@ import pytest
 import tomli_w
 from conftest import DISTLAB, run_distlab
 
-from harness.classgrade import classroom, rubric, sandbox
+from harness.classgrade import rubric, sandbox, submissions
 from harness.usage import UsageError
 from harness.verdict.profiles import tomllib
 from harness.verdict.verdicts import Verdict
@@ -284,7 +284,7 @@ def test_layouts_that_cannot_be_graded_say_why(tmp_path):
     (tmp_path / "bad id!").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "ok")
     (tmp_path / "solo.py").write_text("")
-    found = {s.id: s for s in classroom.find_submissions(tmp_path)}
+    found = {s.id: s for s in submissions.find_submissions(tmp_path)}
     assert found["ok"].program == tmp_path / "ok" / "train.py" and not found["ok"].problem
     assert found["solo"].program == tmp_path / "solo.py" and not found["solo"].problem
     assert found["empty"].problem == "no .py program in its folder"

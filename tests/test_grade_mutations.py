@@ -16,7 +16,7 @@ import pytest
 import tomli_w
 from conftest import run_distlab
 
-from harness.commands.bench_verdict import TWICE_SLOWER
+from harness.benchmarks.verdict import TWICE_SLOWER
 from harness.verdict.profiles import tomllib
 from harness.verdict.references import PROGRAM_PAIRS, PROGRAM_RATIO_FLOOR
 
@@ -57,7 +57,7 @@ MUTANTS = {
                           "claim:final_accuracy": "record claims final_accuracy 0.99, harness measured",
                           "claim:img_per_sec": "harness timed"}),
 }
-# The twice-slower mutant (harness/commands/bench_verdict.py says why it is made so). Graded on its own
+# The twice-slower mutant (harness/benchmarks/verdict.py says why it is made so). Graded on its own
 # against the course's lab, as a student's program always is: three runs, each between two runs of
 # the lab, with no other test beside it (in CI, runs of another worker that slowed the lab and not
 # the program once lifted a single pair to 0.92). Measured with one pair each (Intel Xeon, 2

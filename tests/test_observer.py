@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import write_rank_observation
 
 from harness.observe import accuracy, data_parallel, observations
 
@@ -102,12 +103,10 @@ def test_a_failing_observer_never_changes_the_program(tmp_path):
 
 def test_order_check_not_applicable_with_one_epoch(tmp_path):
     for rank in (0, 1):
-        (tmp_path / f"rank.{rank}.json").write_text(json.dumps({
-            "schema": "distlab-observations", "rank": rank, "optimizer_steps": 2, "saves": [], "model": None,
-            "errors": [], "process_groups": [{"api": "torch.distributed", "backend": "gloo", "world_size": 2,
-                                              "rank": rank}],
-            "loader_passes": [{"loader": 0, "dataset_len": 8, "sampler": "DistributedSampler", "batches": 2,
-                               "steps": 2, "batch_sizes": [2], "indices": [rank, rank + 2, rank + 4, rank + 6]}]}))
+        write_rank_observation(tmp_path, rank, optimizer_steps=2, process_groups=[
+            {"api": "torch.distributed", "backend": "gloo", "world_size": 2, "rank": rank}],
+            loader_passes=[{"loader": 0, "dataset_len": 8, "sampler": "DistributedSampler", "batches": 2,
+                            "steps": 2, "batch_sizes": [2], "indices": [rank, rank + 2, rank + 4, rank + 6]}])
     seen = by_name(data_parallel.checks(observations.load(tmp_path), "gloo", 2))
     order = seen["order_changes_per_epoch"]
     assert (order.passed, order.applicable) == (True, False)
@@ -121,9 +120,7 @@ def timed_epochs(tmp_path: Path, epochs_per_rank: dict[int, list[dict]]) -> obse
     for rank, epochs in epochs_per_rank.items():
         passes = [{"loader": 0, "dataset_len": 64, "sampler": "DistributedSampler", "batches": len(e["step_times"]),
                    "steps": len(e["step_times"]), "batch_sizes": [8], "indices": [], **e} for e in epochs]
-        (tmp_path / f"rank.{rank}.json").write_text(json.dumps({
-            "schema": "distlab-observations", "rank": rank, "optimizer_steps": 8, "saves": [], "model": None,
-            "errors": [], "process_groups": [], "loader_passes": passes}))
+        write_rank_observation(tmp_path, rank, optimizer_steps=8, loader_passes=passes)
     return observations.load(tmp_path)
 
 
@@ -156,12 +153,10 @@ def replica_ranks(tmp_path: Path, buffers: dict[int, dict[str, str]], params: di
     """The checks of ranks whose final models have these buffer digests (name -> digest), each held by
     a BatchNorm, and these parameter digests (default: all equal)."""
     for rank, digests in buffers.items():
-        model = {"params_sha256": (params or {}).get(rank, "p" * 64),
+        model = {"params_sha256": (params or {}).get(rank, "f" * 64),
                  "buffers_sha256": "".join(digests[name] for name in sorted(digests)),
                  "buffers": {name: {"sha256": d, "module": "BatchNorm"} for name, d in digests.items()}}
-        (tmp_path / f"rank.{rank}.json").write_text(json.dumps({
-            "schema": "distlab-observations", "rank": rank, "optimizer_steps": 1, "saves": [], "model": model,
-            "errors": [], "process_groups": [], "loader_passes": []}))
+        write_rank_observation(tmp_path, rank, optimizer_steps=1, model=model)
     return data_parallel.checks(observations.load(tmp_path), "gloo", len(buffers))
 
 
@@ -183,7 +178,7 @@ def test_divergent_batchnorm_statistics_are_named_with_the_lesson_and_not_called
     assert (claim.passed, claim.applicable) == (True, False) and "not comparable" in claim.detail
     # Parameters apart too: every replica claim and the accuracy are contradicted.
     (tmp_path / "params").mkdir()
-    checks = replica_ranks(tmp_path / "params", {0: same, 1: apart}, params={1: "q" * 64})
+    checks = replica_ranks(tmp_path / "params", {0: same, 1: apart}, params={1: "e" * 64})
     assert by_name(checks)["replicas_identical"].causes == ("parameters", "buffers")
     claims = by_name(data_parallel.compare_claims(record, checks, measured_accuracy=0.8516, accuracy_tolerance=0.004))
     assert set(claims) == {"claim:params_identical", "claim:buffers_identical", "claim:final_accuracy"}
@@ -203,7 +198,7 @@ def test_one_model_on_every_rank_passes_and_buffers_not_held_by_batchnorm_are_na
 
 
 def test_the_accuracy_claim_tolerance_is_one_test_image():
-    from harness.commands.grade import accuracy_claim_tolerance
+    from harness.verdict.tolerances import accuracy_claim_tolerance
 
     assert accuracy_claim_tolerance(256) == pytest.approx(1 / 256)
     record, tolerance = {"metrics": {"final_accuracy": 219 / 256}}, accuracy_claim_tolerance(256)
@@ -266,8 +261,10 @@ def test_harness_measures_the_accuracy_itself(ddp_lab, tmp_path):
         assert evaluator.measure(observe_dir, [*lab_args, "--test-size", "64"])["total"] == 64
         assert evaluator.process.pid == first
         # A run without weights is an answer too; the process serves on.
-        (tmp_path / "rank.0.json").write_text(json.dumps({"model": None}))
+        write_rank_observation(tmp_path, 0)  # a rank that trained no model
         assert "no trained model" in evaluator.measure(tmp_path, lab_args)["error"]
+        (tmp_path / "rank.0.json").write_text(json.dumps({"model": None}))  # not the observer's format
+        assert "not the observer's format" in evaluator.measure(tmp_path, lab_args)["error"]
         assert evaluator.process.pid == first
         os.kill(first, signal.SIGKILL)  # a process that dies is named, and the next request gets a new one
         assert evaluator.measure(observe_dir, lab_args)["error"].startswith("evaluation exited with code -9")

@@ -1,4 +1,4 @@
-"""`distlab plan` (harness/commands/memory_plan.py): the lecture's 7B / 13B / 70B examples, and the bad inputs that must
+"""`distlab plan` (harness/commands/plan.py, harness/planning/memory.py): the lecture's 7B / 13B / 70B examples, and the bad inputs that must
 stop with one line and exit 2. Its formula against the bytes the fsdp lab counts on real ranks:
 tests/test_parallelism.py, on the runs it makes of each strategy."""
 
@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from harness.commands import cli, memory_plan
+from harness.commands import cli
+from harness.planning import memory as memory_plan
 
 GB = 1e9
 

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from harness.commands import cli, predict, step_model
-from harness.commands.step_model import Host, Link, Step
+from harness.commands import cli, predict
+from harness.planning import step_model
+from harness.planning.step_model import Host, Link, Step
 from harness.usage import UsageError
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -3,10 +3,11 @@
 tests/fixtures/replay holds what one real `distlab grade` (cpu-smoke: baseline at world size 1, ddp
 at 1 and 2, each beside its reference loop) left behind and read after each launch: run.json,
 record.json, every rank's observations, and the accuracy the harness measured from rank 0's weights
-(measured.json; tests/fixtures/replay/capture.py says how it was made). The replay runs `grade.run`
-itself, with the launches replaced by those runs: the plan, the observed checks, the throughput the
-harness times, the claims compared, the reference pairing, every verdict and the report. A change
-that is meant to leave behaviour alone (a refactor) must leave expected_verdicts.json as it is.
+(measured.json; tests/fixtures/replay/capture.py says how it was made). The replay runs the grading
+stage itself (grading.plan_grade, grading.run_grade) and the grade command's report, with the launches
+replaced by those runs: the plan, the observed checks, the throughput the harness times, the claims
+compared, the reference pairing, every verdict and the report. A change that is meant to leave
+behaviour alone (a refactor) must leave expected_verdicts.json as it is.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ import os
 from pathlib import Path
 
 from harness.commands import grade
-from harness.commands.cli import build_parser
+from harness.grading import samples
+from harness.grading.judge import run_grade
+from harness.grading.plan import plan_grade
 from harness.run.launchers import Failure
 from harness.run.state import RunResult
+from harness.verdict.profiles import resolve
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "replay"
 EXPECTED = FIXTURE / "expected_verdicts.json"
@@ -43,9 +47,15 @@ def stored_result(run_dir: str) -> RunResult:
                      run["timed_out"], run["interrupted"], run["hang_suspected"], run["stopped_by"])
 
 
+# The grade the fixture stored (runs.json's "args": the command line it was captured with).
+PROFILE, LABS, WORLD_SIZES = "cpu-smoke", ["baseline", "ddp"], [1, 2]
+
+
 def replay(results: Path) -> bytes:
-    """grade.run over the stored runs; the verdicts.json it writes."""
+    """The grading stage over the stored runs, then the grade's report; the verdicts.json it writes."""
     runs = json.loads((FIXTURE / "runs.json").read_text())
+    assert runs["args"] == ["grade", "--profile", PROFILE, "--labs", ",".join(LABS),
+                            "--world-sizes", ",".join(map(str, WORLD_SIZES))]
     evaluator = StoredMeasurements(json.loads((FIXTURE / "measured.json").read_text()))
 
     def execute(grade_plan, done, references):
@@ -54,13 +64,13 @@ def replay(results: Path) -> bytes:
             cell = f"{lab}@{ws}"
             reference = grade_plan.reference(lab, ws)
             for run_dir in runs["references"].get(cell, []):
-                references.setdefault((lab, ws), []).append(grade.timed(stored_result(run_dir), reference[0].metric))
+                references.setdefault((lab, ws), []).append(samples.timed(stored_result(run_dir), reference.metric))
             for run_dir in runs["done"][cell]:
-                done.setdefault((lab, ws), []).append(grade.observed_sample(
+                done.setdefault((lab, ws), []).append(samples.observed_sample(
                     stored_result(run_dir), grade_plan.profile.labs[lab], grade_plan.request(lab, ws), evaluator))
 
-    args = build_parser().parse_args([*runs["args"], "--results", str(results)])
-    grade.run(args, execute_cells=execute)
+    grade_plan = plan_grade(resolve(PROFILE, {}), labs=LABS, world_sizes=WORLD_SIZES, results_root=results)
+    grade.report(run_grade(grade_plan, execute_cells=execute))
     return next(results.glob("grade/*/verdicts.json")).read_bytes()
 
 

@@ -1,12 +1,13 @@
 """The robustness sweep's plan and figure, and the speed-verdict benchmark's mutant (no grade runs here:
-`nox -s robustness` and `make bench-verdict` run them)."""
+`distlab bench robustness` and `distlab bench verdict` run them)."""
 
 from itertools import combinations
 from pathlib import Path
 
 import pytest
 
-from harness.commands import bench_verdict, robustness
+from harness.benchmarks import robustness
+from harness.benchmarks import verdict as bench_verdict
 from harness.verdict.profiles import load_profile
 
 REPO = Path(__file__).resolve().parent.parent
@@ -64,7 +65,7 @@ def test_the_busy_processes_end_with_their_maker_however_it_is_stopped(tmp_path,
 
     import psutil
 
-    code = ("import os, sys, time\nfrom harness.commands.robustness import busy_processes\nimport psutil\n"
+    code = ("import os, sys, time\nfrom harness.benchmarks.load import busy_processes\nimport psutil\n"
             "with busy_processes(2):\n"
             "    print(*(c.pid for c in psutil.Process().children()), flush=True)\n"
             "    time.sleep(600)\n")

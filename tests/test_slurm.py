@@ -17,12 +17,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import write_rank_observation
 
-from harness.commands import slurm
-from harness.commands.grade import accuracy_claim_tolerance
+from harness.grading import slurm
 from harness.observe import accuracy, data_parallel, observations
 from harness.run import job_templates
 from harness.run.run_dir import RUN_DIR_PLACEHOLDER
+from harness.verdict.tolerances import accuracy_claim_tolerance
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = os.environ.get("DISTLAB_SLURM_CLUSTER")
@@ -105,7 +106,7 @@ def test_ddp_through_slurm_torchrun_is_graded_across_both_nodes(tmp_path):
     assert len(observe_dirs) == 2, observe_dirs  # both nodes' records kept
     per_node = [set(observations.load(d).ranks) for d in observe_dirs]
     assert per_node in ([{0}, {1}], [{1}, {0}])  # each node saw its own rank, and only it
-    merged = slurm.merged_observations(observe_dirs)
+    merged = observations.merge(observe_dirs)
     (record_path,) = [p for p in job.rglob("record.json") if json.loads(p.read_text())["status"] == "ok"]
     record = json.loads(record_path.read_text())
     with accuracy.Evaluator() as evaluator:
@@ -168,10 +169,7 @@ def test_distlab_grade_runs_its_cells_as_a_slurm_job_array(tmp_path):
 # --- without a cluster ----------------------------------------------------------------------------
 
 def _observation(folder: Path, rank: int) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"rank.{rank}.json").write_text(json.dumps({
-        "schema": observations.OBSERVATIONS_SCHEMA, "rank": rank, "process_groups": [], "optimizer_steps": 0,
-        "loader_passes": [], "saves": [], "model": None, "errors": []}))
+    write_rank_observation(folder, rank)
 
 
 def test_the_nodes_observations_are_judged_as_one_run(tmp_path):
@@ -179,11 +177,11 @@ def test_the_nodes_observations_are_judged_as_one_run(tmp_path):
     _observation(node0, 1)
     _observation(node1, 0)
     (node1 / observations.WEIGHTS_FILE).write_bytes(b"")
-    merged = slurm.merged_observations([node0, node1])
+    merged = observations.merge([node0, node1])
     assert sorted(merged.ranks) == [0, 1] and not merged.problems
     assert merged.directory == node1  # rank 0's node: the weights the grader evaluates
     _observation(tmp_path / "node2" / "observe", 1)  # a rank claimed by two nodes is never merged away
-    merged = slurm.merged_observations([node0, node1, tmp_path / "node2" / "observe"])
+    merged = observations.merge([node0, node1, tmp_path / "node2" / "observe"])
     assert any("rank 1 observed on two nodes" in problem for problem in merged.problems)
     assert not data_parallel.check_observer(merged).passed
 

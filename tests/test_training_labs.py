@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import SMOKE_TRAIN_IMAGES, assert_valid_record, run_lab
 
-from harness.commands import bench_train
+from harness.commands import cli
 from harness.observe import data_parallel, observations
 from harness.run.processes import run_processes
 from harness.run.record import validate
@@ -192,8 +192,8 @@ def test_a_checkpoint_of_another_model_is_refused_and_kept(capsys, tmp_path):
 
 def test_bench_train_runs_every_kind_and_reports_the_four_ratios(tmp_path):
     out = tmp_path / "bench.json"
-    assert bench_train.main(["--device", "cpu", "--steps", "4", "--repeats", "1", "--batch-size", "8",
-                             "--threads", "1", "--json", str(out)]) == 0
+    assert cli.main(["bench", "train", "--device", "cpu", "--steps", "4", "--repeats", "1", "--batch-size", "8",
+                     "--threads", "1", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert set(result["img_per_sec"]) == {"in-memory loop", "baseline", "ddp, world size 1",
                                           "ddp, world size 1, observed", "horovod, world size 1"}

@@ -1,13 +1,19 @@
-"""`distlab grade-class`: a folder of submissions graded as the untrusted code each is, side by side.
+"""A class graded: a folder of submissions, each graded as the untrusted code it is, side by side.
 
-    sandbox.py    bubblewrap around each run's launcher: loopback only, read-only harness, one folder
-                  writable, a uid of its own, limits (cgroup + rlimits), each breach named
-    job.py        one submission graded in a process of its own, as `distlab grade --program` grades one;
-                  what it observed stored, so verdicts can be recomputed without training
-    rubric.py     points per check, partial credit, visibility
-    lessons.py    what a failed check means, the one-line fix, the lesson that teaches it
-    outputs.py    gradebook CSV, class page, feedback pages, Gradescope results.json, autograder bundle
-    classroom.py  the command: submissions found, the pool, resume, --rerun, --regrade
+A stage between grading/ (each submission is graded as `distlab grade --program` grades one) and the
+`grade-class` command (harness/commands/grade_class.py):
+
+    submissions.py  the class's folder read: one submission per student, or why one cannot be graded
+    sandbox.py      bubblewrap around each run's launcher: loopback only, read-only harness, one folder
+                    writable, a uid of its own, limits (cgroup + rlimits), each breach named
+    job.py          one submission graded in a process of its own (grading.plan_grade, execute); what
+                    it observed stored, so verdicts can be recomputed without training
+    pool.py         up to N jobs at once, each on a slot (its GPUs), stopped together
+    classroom.py    the class: which to grade, resume, rerun, regrade, the outcomes
+    rubric.py       points per check, partial credit, visibility
+    lessons.py      what a failed check means, the one-line fix, the lesson that teaches it
+    outputs.py      gradebook CSV, class page, feedback pages, Gradescope results.json
+    bundle.py       the Gradescope autograder bundle
 
 Design and threat model: docs/grading-class.md, docs/threat-model.md.
 """

@@ -1,207 +1,73 @@
-"""`distlab grade-class SUBMISSIONS/ --lab ddp`: every student's program graded, side by side, into a gradebook.
+"""A class graded: every student's program, side by side, into a gradebook (`distlab grade-class`).
 
-SUBMISSIONS holds one folder per student (its name is the student's id; the program is its
-train.py, or its only .py file) or one .py file per student (the file's name, less .py, is the id).
-Each is graded as `distlab grade --program LAB=PATH` grades one (job.py), in the sandbox
-(sandbox.py), by a pool of jobs sized to the host. The class's folder:
+Each submission (submissions.py) is graded as `distlab grade --program LAB=PATH` grades one, by a job
+process of its own (job.py) in the sandbox (sandbox.py), up to N at once (pool.py). The class's folder:
 
     <results>/class/<SUBMISSIONS name>/
         jobs/<id>/            the job: job.json, runs/, observations.json (its completion mark), stdout.log
         gradebook.csv, class.html, summary.json, feedback/<id>.html|.md, gradescope/<id>/results.json
 
 A class grade that is stopped resumes where it stopped (a job with observations.json for the same
-submission files is not run again); `--rerun ID` grades one again; `--regrade` recomputes every
-verdict and score from the stored observations (after a rubric or profile change) and trains nothing.
+submission files is not run again); `rerun` grades some again; `regrade` recomputes every verdict and
+score from the stored observations (after a rubric or profile change) and trains nothing.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import hashlib
 import json
 import os
-import re
 import signal
 import statistics
-import subprocess
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.catalog import REPO, find_lab
 from harness.classgrade import job as jobs
 from harness.classgrade import lessons, outputs, rubric, sandbox
-from harness.commands import doctor, grade
+from harness.classgrade.pool import Pool, default_jobs, gpus_of
+from harness.classgrade.submissions import Submission, find_submissions
 from harness.console import console
 from harness.files import write_json
-from harness.usage import UsageError, positive_int, world_size_list
+from harness.grading.judge import judge
+from harness.grading.plan import GradePlan
+from harness.usage import UsageError
 from harness.verdict import profiles
+from harness.verdict.pairing import reference_rates
+from labs.common.host import fingerprint
 
-STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+@-]{0,63}")
-MAX_PROGRAM_BYTES = 1 << 20
 JOB_ERROR = "job-error.txt"  # in a job's folder: the job process failed (not the submission)
-STOP_GRACE_S = 60.0  # a job told to stop (SIGTERM) ends its run and its processes within this
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("submissions", type=Path, help="folder with one folder (or .py file) per student")
-    parser.add_argument("--lab", default="ddp", help="the lab every submission is graded as (default ddp)")
-    parser.add_argument("--profile", help="profile name or .toml (default: the one that fits this host)")
-    parser.add_argument("--rubric", type=Path, help="rubric .toml (default: harness/classgrade/rubrics/LAB.toml)")
-    parser.add_argument("--jobs", type=positive_int, help="submissions graded at once (default: cores / ranks per "
-                                                          "job on CPUs, GPUs / GPUs per job on GPU hosts)")
-    parser.add_argument("--world-sizes", type=world_size_list, help="e.g. 2 (default: the profile's)")
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
-    parser.add_argument("--rerun", action="append", metavar="ID", default=[], help="grade this student again")
-    parser.add_argument("--regrade", action="store_true",
-                        help="recompute verdicts and scores from the stored observations; run nothing")
-    parser.add_argument("--no-sandbox", action="store_true",
-                        help="run submissions with the grader's rights (every page says so)")
-    parser.add_argument("--lessons", help="where feedback links the lesson pages (default: this checkout)")
-    parser.add_argument("--autograder", type=Path, metavar="ZIP",
-                        help="write a Gradescope autograder bundle (setup.sh, run_autograder) and exit")
+@dataclass(frozen=True)
+class ClassRequest:
+    """What to grade: the class's folder, as which lab, against what, how many at once, where to."""
 
-
-# --------------------------------------------------------------------------------- submissions
-
-@dataclasses.dataclass
-class Submission:
-    id: str
-    path: Path  # the folder, or the file
-    program: Path | None
-    problem: str = ""  # why it is ungradable before anything runs
+    submissions: Path
+    lab: str = "ddp"
+    profile: str | None = None  # a name or a .toml; None: the one that fits this host
+    rubric: Path | None = None  # None: harness/classgrade/rubrics/LAB.toml
+    jobs: int | None = None  # None: as many as the host holds
+    world_sizes: list[int] | None = None
+    results: Path = Path("results")
+    rerun: tuple[str, ...] = ()
+    regrade: bool = False
+    sandboxed: bool = True
+    lessons: str | None = None  # where feedback links the lesson pages; None: this checkout
 
     @property
-    def folder(self) -> Path:
-        return self.path if self.path.is_dir() else self.path.parent
-
-    def digest(self) -> str:
-        """The submission's content: a resubmitted program is graded again on resume."""
-        sha = hashlib.sha256()
-        paths = sorted(p for p in self.path.rglob("*") if p.is_file()) if self.path.is_dir() else [self.path]
-        for path in paths:
-            sha.update(str(path.relative_to(self.folder)).encode() + b"\0")
-            with contextlib.suppress(OSError):
-                sha.update(path.read_bytes()[:MAX_PROGRAM_BYTES * 16])
-        return sha.hexdigest()
-
-
-def find_submissions(root: Path) -> list[Submission]:
-    found = []
-    for entry in sorted(root.iterdir()):
-        if entry.name.startswith("."):
-            continue
-        name = entry.stem if entry.is_file() and entry.suffix == ".py" else entry.name
-        sub = Submission(name, entry, None)
-        if entry.is_symlink():
-            sub.problem = "it is a link; a submission is a folder or a .py file"
-        elif not STUDENT_ID.fullmatch(name):
-            sub.problem = "its name is not a plain student id (letters, digits, . _ + @ -)"
-        elif entry.is_file():
-            sub.problem = "" if entry.suffix == ".py" else f"{entry.name} is not a .py program"
-            sub.program = entry if entry.suffix == ".py" else None
-        elif entry.is_dir():
-            programs = sorted(p for p in entry.glob("*.py") if p.is_file() and not p.is_symlink())
-            main = [p for p in programs if p.name == "train.py"]
-            if main or len(programs) == 1:
-                sub.program = (main or programs)[0]
-            else:
-                sub.problem = ("no .py program in its folder" if not programs else
-                               f"{len(programs)} .py files and none is train.py (the program graded)")
-        else:
-            sub.problem = "neither a folder nor a file"
-        if sub.program is not None and sub.program.stat().st_size > MAX_PROGRAM_BYTES:
-            sub.problem, sub.program = f"{sub.program.name} is larger than {MAX_PROGRAM_BYTES} bytes", None
-        found.append(sub)
-    return found
-
-
-# ------------------------------------------------------------------------------------- the pool
-
-def default_jobs(grade_plan: grade.GradePlan, gpus: int) -> int:
-    ranks = max(ws for _, ws in grade_plan.cells())
-    if grade_plan.profile.on_gpus:
-        return max(1, gpus // ranks)
-    return max(1, (os.cpu_count() or 1) // (ranks * grade_plan.profile.threads_per_rank))
-
-
-def gpus_of(slot: int, grade_plan: grade.GradePlan) -> list[int] | None:
-    if not grade_plan.profile.on_gpus:
-        return None
-    ranks = max(ws for _, ws in grade_plan.cells())
-    return list(range(slot * ranks, (slot + 1) * ranks))
-
-
-def _sandbox_refusal() -> str | None:
-    problem = sandbox.available()
-    if problem:
-        return problem
-    if os.geteuid() != 0:
-        return ("the sandbox gives each job a uid and a cgroup of its own, which needs root; run grade-class as "
-                "root (a course's grading host or container), or pass --no-sandbox")
-    probe = subprocess.run([sandbox.bwrap_path(), "--unshare-net", "--unshare-pid", "--ro-bind", "/", "/", "true"],
-                           capture_output=True, text=True, timeout=30)
-    if probe.returncode != 0:
-        return (f"bubblewrap cannot make namespaces here ({probe.stderr.strip()[:200]}); allow them (a privileged "
-                "container) or pass --no-sandbox")
-    return None
-
-
-class Pool:
-    """Up to `size` jobs at once, each a process; a slot (its GPUs) per running job; each job claims its own uid."""
-
-    def __init__(self, size: int, sandboxed: bool) -> None:
-        self.size, self.sandboxed = size, sandboxed
-        self.running: dict[int, tuple[subprocess.Popen[bytes], str]] = {}  # slot -> (process, id)
-        self.folders: dict[int, Path] = {}  # slot -> the running job's folder
-
-    def free_slot(self) -> int | None:
-        return next((slot for slot in range(self.size) if slot not in self.running), None)
-
-    def start(self, slot: int, student: str, job_path: Path, env: dict[str, str]) -> None:
-        with (job_path.parent / "stdout.log").open("wb") as log:
-            process = subprocess.Popen([sys.executable, "-m", "harness.classgrade.job", str(job_path)],
-                                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
-                                       env=env, start_new_session=True)
-        self.running[slot] = (process, student)
-        self.folders[slot] = job_path.parent
-
-    def finished(self) -> list[tuple[str, int]]:
-        ended = []
-        for slot, (process, student) in list(self.running.items()):
-            if process.poll() is not None:
-                ended.append((student, process.returncode))
-                del self.running[slot]
-        return ended
-
-    def stop(self) -> None:
-        """SIGTERM to every job's session (its run is stopped and accounted); SIGKILL after the grace."""
-        for process, _ in self.running.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for process, _ in self.running.values():
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        # A job killed before its own sweep leaves its sandbox's processes to ours.
-        for slot in self.running if self.sandboxed else ():
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                spec = json.loads((self.folders[slot] / "sandbox.json").read_text())
-                sandbox.end_processes_if_unclaimed(spec["uid"])
-        self.running.clear()
+    def class_dir(self) -> Path:
+        return self.results.resolve() / "class" / self.submissions.resolve().name
 
 
 # ------------------------------------------------------------------------------------ outcomes
 
 def _logs(run_dirs: list[Path]) -> list[str]:
-    return [jobs._read(log) for d in run_dirs for log in [d / "launcher.log", *sorted(d.glob("rank.*.log"))]]
+    return [jobs.read_log(log) for d in run_dirs for log in [d / "launcher.log", *sorted(d.glob("rank.*.log"))]]
 
 
 def _rebased(run_dir: str, job: dict[str, Any]) -> Path:
@@ -214,6 +80,7 @@ def _rebased(run_dir: str, job: dict[str, Any]) -> Path:
 
 def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubric.Rubric,
                sandboxed: bool) -> outputs.Outcome:
+    """A student's outcome from what its job stored: the verdicts recomputed (grading.judge), scored."""
     if student.problem:
         return outputs.Outcome(student.id, "ungradable", f"wrong layout: {student.problem}", sandboxed=sandboxed)
     folder = Path(job["folder"]) if job else None
@@ -224,8 +91,8 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
         return outputs.Outcome(student.id, "pending", "not graded yet", sandboxed=sandboxed)
     stored = json.loads((folder / jobs.OBSERVATIONS).read_text())
     done, references = jobs.samples_from_json(stored["done"]), jobs.samples_from_json(stored["references"])
-    grade_plan = jobs.plan_for(job)
-    verdicts = jobs.verdicts_for(grade_plan, done, references)
+    grade_plan = jobs.plan_for(job, check_runs=False)
+    verdicts = judge(grade_plan, done, references)
     samples = [s for runs in done.values() for s in runs]
     account = stored.get("sandbox") or {}
     outcome = outputs.Outcome(student.id, "graded", "", the_rubric.score(verdicts), verdicts, account,
@@ -242,29 +109,99 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
         outcome.status = "ungradable"
         outcome.reason = f"it did not run to a record of its own: {why}" + (f" ({findings})" if findings else "")
     outcome.seconds = statistics.fmean(s.wall_seconds for s in samples) if samples else None
-    rates = grade.reference_rates(grade_plan, references)
+    rates = reference_rates(grade_plan.reference, references)
     ratios = [rate / ref for (lab, ws), runs in done.items() for s in runs
               if (rate := s.measured.get("img_per_sec")) and (ref := rates.get((lab, ws)))]
     outcome.rate_ratio = statistics.median(ratios) if ratios else None
     return outcome
 
 
-# ---------------------------------------------------------------------------------- the command
+# ------------------------------------------------------------------------------------ the class
 
-def _class_dir(args: argparse.Namespace) -> Path:
-    return args.results.resolve() / "class" / args.submissions.resolve().name
+@dataclass
+class Classroom:
+    """A class being graded: its request checked, its students found, each one's stored job."""
+
+    request: ClassRequest
+    rubric: rubric.Rubric
+    students: list[Submission]
+    stored: dict[str, dict[str, Any] | None]
+    probe_plan: GradePlan | None  # a gradable student's plan: the profile and the lab checked once
+    size: int  # jobs at once
+    outcomes: dict[str, outputs.Outcome] = dataclasses.field(default_factory=dict)  # judged once a job ends
+
+    @property
+    def class_dir(self) -> Path:
+        return self.request.class_dir
+
+    def job_for(self, student: Submission, slot: int = 0, gpus: list[int] | None = None) -> dict[str, Any]:
+        request, class_dir = self.request, self.class_dir
+        hidden = {str(request.submissions.resolve()), str(class_dir), str(request.results.resolve())}
+        return {"id": student.id, "class_id": hashlib.sha256(str(class_dir).encode()).hexdigest()[:12],
+                "submission": str(student.folder.resolve()) if student.path.is_dir() else str(student.path.resolve()),
+                "program": str(student.program.resolve()), "lab": request.lab,
+                "profile": str(self.probe_plan.profile.path) if self.probe_plan else request.profile,
+                "world_sizes": request.world_sizes, "limits": dataclasses.asdict(self.rubric.limits),
+                "folder": str(class_dir / "jobs" / student.id), "sandboxed": request.sandboxed, "slot": slot,
+                "gpus": gpus, "hidden": sorted(hidden), "digest": student.digest()}
+
+    def to_grade(self) -> list[Submission]:
+        """The gradable students whose stored grade is missing, stale or asked for again (none on regrade)."""
+        if self.request.regrade:
+            return []
+        todo = []
+        for student in (s for s in self.students if not s.problem):
+            job = self.stored[student.id]
+            complete = job is not None and (Path(job["folder"]) / jobs.OBSERVATIONS).is_file()
+            if student.id in self.request.rerun or not complete or job.get("digest") != student.digest() \
+                    or job.get("sandboxed") != self.request.sandboxed:
+                todo.append(student)
+        return todo
+
+    def outcome(self, student: Submission) -> outputs.Outcome:
+        """The student's outcome, judged from its stored job once (when it ends, or at the end)."""
+        if student.id not in self.outcomes:
+            self.outcomes[student.id] = outcome_of(student, self.stored[student.id], self.rubric,
+                                                   self.request.sandboxed)
+        return self.outcomes[student.id]
 
 
-def _job_for(student: Submission, args: argparse.Namespace, class_dir: Path, limits: sandbox.Limits,
-             sandboxed: bool, slot: int = 0, gpus: list[int] | None = None) -> dict[str, Any]:
-    hidden = {str(args.submissions.resolve()), str(class_dir), str(args.results.resolve())}
-    return {"id": student.id, "class_id": hashlib.sha256(str(class_dir).encode()).hexdigest()[:12],
-            "submission": str(student.folder.resolve()) if student.path.is_dir() else str(student.path.resolve()),
-            "program": str(student.program.resolve()), "lab": args.lab,
-            "profile": _profile_argument(args.profile),
-            "world_sizes": args.world_sizes, "limits": dataclasses.asdict(limits),
-            "folder": str(class_dir / "jobs" / student.id), "sandboxed": sandboxed, "slot": slot, "gpus": gpus,
-            "hidden": sorted(hidden), "digest": student.digest()}
+def open_class(request: ClassRequest) -> Classroom:
+    """The class the request names, every refusal (one line each) before anything is written."""
+    if not request.submissions.is_dir():
+        raise UsageError(f"submissions folder {request.submissions} does not exist "
+                         "(one folder or .py file per student)")
+    find_lab(request.lab)
+    rubric_path = request.rubric or rubric.DEFAULT.with_name(f"{request.lab}.toml")
+    if not request.rubric and not rubric_path.is_file():
+        raise UsageError(f"no rubric ships for lab {request.lab}; give one with --rubric (format: {rubric.DEFAULT})")
+    the_rubric = rubric.load(rubric_path)
+    if request.sandboxed and not request.regrade:
+        refusal = sandbox.refusal()
+        if refusal:
+            raise UsageError(refusal)
+    class_dir = request.class_dir
+    if class_dir.is_relative_to(request.submissions.resolve()):
+        # the next run would find the grades as a student's folder (and hide them from the sandbox)
+        raise UsageError(f"--results {request.results} puts the grades inside the submissions folder "
+                         f"{request.submissions}; give --results a folder outside it")
+    students = find_submissions(request.submissions)
+    if not students:
+        raise UsageError(f"{request.submissions} holds no submissions (one folder or .py file per student)")
+    unknown = sorted(set(request.rerun) - {s.id for s in students})
+    if unknown:
+        raise UsageError(f"--rerun {', '.join(unknown)}: no such submission in {request.submissions}")
+    room = Classroom(request, the_rubric, students, {s.id: _stored_job(class_dir, s) for s in students}, None, 1)
+    gradable = [s for s in students if not s.problem]
+    if gradable:
+        profile = request.profile
+        try:  # the profile and the lab checked once, before any job starts
+            room.probe_plan = jobs.plan_for({**room.job_for(gradable[0]), "profile": _profile_argument(profile)},
+                                            check_runs=not request.regrade)
+        except profiles.ProfileError as error:
+            raise UsageError(str(error)) from None
+        room.size = request.jobs or default_jobs(room.probe_plan, fingerprint()["gpus"] or 0)
+    return room
 
 
 def _profile_argument(profile: str | None) -> str | None:
@@ -293,72 +230,24 @@ def _set_aside(folder: Path) -> None:
             return
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.autograder:
-        from harness.classgrade import bundle
-
-        return bundle.write(args)
-    if not args.submissions.is_dir():
-        raise UsageError(f"submissions folder {args.submissions} does not exist (one folder or .py file per student)")
-    find_lab(args.lab)
-    rubric_path = args.rubric or rubric.DEFAULT.with_name(f"{args.lab}.toml")
-    if not args.rubric and not rubric_path.is_file():
-        raise UsageError(f"no rubric ships for lab {args.lab}; give one with --rubric (format: {rubric.DEFAULT})")
-    the_rubric = rubric.load(rubric_path)
-    sandboxed = not args.no_sandbox
-    if sandboxed and not args.regrade:
-        refusal = _sandbox_refusal()
-        if refusal:
-            raise UsageError(refusal)
-    class_dir = _class_dir(args)
-    if class_dir.is_relative_to(args.submissions.resolve()):
-        # the next run would find the grades as a student's folder (and hide them from the sandbox)
-        raise UsageError(f"--results {args.results} puts the grades inside the submissions folder "
-                         f"{args.submissions}; give --results a folder outside it")
-    students = find_submissions(args.submissions)
-    if not students:
-        raise UsageError(f"{args.submissions} holds no submissions (one folder or .py file per student)")
-    unknown = sorted(set(args.rerun) - {s.id for s in students})
-    if unknown:
-        raise UsageError(f"--rerun {', '.join(unknown)}: no such submission in {args.submissions}")
-    limits = the_rubric.limits
-    gradable = [s for s in students if not s.problem]
-    host = doctor.fingerprint()
-    try:  # the profile and the lab checked once, before any job starts
-        probe_plan = jobs.plan_for(_job_for(gradable[0], args, class_dir, limits, sandboxed)) if gradable else None
-    except profiles.ProfileError as error:
-        raise UsageError(str(error)) from None
-    size = args.jobs or (default_jobs(probe_plan, host["gpus"] or 0) if probe_plan else 1)
-    lesson_root = args.lessons or (REPO.as_uri() + "/")
-
-    stored = {s.id: _stored_job(class_dir, s) for s in students}
-    todo: list[Submission] = []
-    for student in gradable:
-        job = stored[student.id]
-        complete = job is not None and (Path(job["folder"]) / jobs.OBSERVATIONS).is_file()
-        if args.regrade:
-            continue
-        if student.id in args.rerun or not complete or job.get("digest") != student.digest() \
-                or job.get("sandboxed") != sandboxed:
-            todo.append(student)
-    console.print(f"distlab grade-class: {len(students)} submission(s), {len(todo)} to grade, {size} at once"
-                  f"{'' if sandboxed else ' WITHOUT the sandbox'}; {class_dir}", markup=False)
-    started, interrupted = time.monotonic(), None
-    pool = Pool(size, sandboxed)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+def run_jobs(room: Classroom, todo: list[Submission], lesson_root: str) -> None:
+    """Every submission of `todo` graded by the pool, each one's pages written as it finishes.
+    KeyboardInterrupt (Ctrl-C, or SIGTERM raised as it) stops the pool's jobs first."""
+    pool = Pool(room.size, room.request.sandboxed)
+    queue = list(todo)
+    by_id = {s.id: s for s in room.students}
     try:
-        queue = list(todo)
         while queue or pool.running:
             slot = pool.free_slot()
             while queue and slot is not None:
                 student = queue.pop(0)
-                job = _job_for(student, args, class_dir, limits, sandboxed, slot,
-                               gpus_of(slot, probe_plan) if probe_plan else None)
+                job = room.job_for(student, slot, gpus_of(slot, room.probe_plan) if room.probe_plan else None)
                 folder = Path(job["folder"])
                 _set_aside(folder)
                 folder.mkdir(parents=True)
                 write_json(folder / "job.json", job)
-                stored[student.id] = job
+                room.stored[student.id] = job
+                room.outcomes.pop(student.id, None)
                 env = dict(os.environ)
                 if job["gpus"] is not None:
                     env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job["gpus"]))
@@ -366,43 +255,63 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"started {student.id} (slot {slot})", markup=False)
                 slot = pool.free_slot()
             for student_id, code in pool.finished():
-                student = next(s for s in students if s.id == student_id)
-                folder = Path(stored[student_id]["folder"])
+                folder = Path(room.stored[student_id]["folder"])
                 if code and not (folder / jobs.OBSERVATIONS).is_file():  # the harness's failure, not the student's
-                    lines = jobs._read(folder / "stdout.log").strip().splitlines() or ["no output"]
+                    lines = jobs.read_log(folder / "stdout.log").strip().splitlines() or ["no output"]
                     (folder / JOB_ERROR).write_text(f"job exit code {code}: {lines[-1][:500]}\n")
-                outcome = outcome_of(student, stored[student_id], the_rubric, sandboxed)
-                outputs.write_student(class_dir, outcome, the_rubric, lesson_root)
-                points = f", {outcome.score:g} of {the_rubric.max_score:g}" if outcome.score is not None else ""
+                outcome = room.outcome(by_id[student_id])
+                outputs.write_student(room.class_dir, outcome, room.rubric, lesson_root)
+                points = f", {outcome.score:g} of {room.rubric.max_score:g}" if outcome.score is not None else ""
                 console.print(f"finished {student_id}: {outcome.status}{points}"
                               f"{f' (job exit code {code})' if code else ''}", markup=False)
             time.sleep(0.2)
+    except KeyboardInterrupt:
+        pool.stop()
+        raise
+
+
+def summary_of(room: Classroom, outcomes: list[outputs.Outcome], wall_seconds: float, interrupted: bool
+               ) -> dict[str, Any]:
+    graded = [o for o in outcomes if o.status == "graded"]
+    return {"lab": room.request.lab,
+            "profile": room.probe_plan.profile.name if room.probe_plan else str(room.request.profile),
+            "rubric": str(room.rubric.path), "jobs": room.size, "sandboxed": room.request.sandboxed,
+            "submissions": len(outcomes), "graded": len(graded),
+            "ungradable": sum(o.status == "ungradable" for o in outcomes),
+            "pending": [o.id for o in outcomes if o.status == "pending"],
+            "mean": f"{statistics.fmean(o.score for o in graded):.2f}" if graded else "-",
+            "wall_seconds": wall_seconds, "regraded": room.request.regrade, "interrupted": interrupted,
+            "students": {o.id: {"status": o.status, "score": o.score, "reason": o.reason,
+                                "sandbox": o.findings(), "seconds": o.seconds, "rate_ratio": o.rate_ratio,
+                                "items": {s.item.name: s.score for s in o.scores}} for o in outcomes}}
+
+
+def grade_class(request: ClassRequest) -> int:
+    """The class graded (or regraded, or resumed), then its gradebook, class page and summary written.
+    A stop (Ctrl-C, SIGTERM) ends the jobs, writes what finished, and is raised again."""
+    room = open_class(request)
+    todo = room.to_grade()
+    lesson_root = request.lessons or (REPO.as_uri() + "/")
+    console.print(f"distlab grade-class: {len(room.students)} submission(s), {len(todo)} to grade, {room.size} at "
+                  f"once{'' if request.sandboxed else ' WITHOUT the sandbox'}; {room.class_dir}", markup=False)
+    started, interrupted = time.monotonic(), None
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        run_jobs(room, todo, lesson_root)
     except KeyboardInterrupt as stop:
         interrupted = stop
-        pool.stop()
     finally:
         signal.signal(signal.SIGTERM, previous)
-    outcomes = [outcome_of(s, stored[s.id], the_rubric, sandboxed) for s in students]
+    outcomes = [room.outcome(s) for s in room.students]
     for outcome in outcomes:
         if outcome.status != "pending":
-            outputs.write_student(class_dir, outcome, the_rubric, lesson_root)
-    graded = [o for o in outcomes if o.status == "graded"]
-    summary = {"lab": args.lab, "profile": probe_plan.profile.name if probe_plan else str(args.profile),
-               "rubric": str(the_rubric.path), "jobs": size, "sandboxed": sandboxed,
-               "submissions": len(outcomes), "graded": len(graded),
-               "ungradable": sum(o.status == "ungradable" for o in outcomes),
-               "pending": [o.id for o in outcomes if o.status == "pending"],
-               "mean": f"{statistics.fmean(o.score for o in graded):.2f}" if graded else "-",
-               "wall_seconds": time.monotonic() - started, "regraded": bool(args.regrade),
-               "interrupted": interrupted is not None,
-               "students": {o.id: {"status": o.status, "score": o.score, "reason": o.reason,
-                                   "sandbox": o.findings(), "seconds": o.seconds, "rate_ratio": o.rate_ratio,
-                                   "items": {s.item.name: s.score for s in o.scores}} for o in outcomes}}
-    class_dir.mkdir(parents=True, exist_ok=True)
-    outputs.gradebook_csv(class_dir / "gradebook.csv", the_rubric, outcomes)
-    page = outputs.class_page(class_dir, the_rubric, outcomes, summary)
-    write_json(class_dir / "summary.json", summary)
-    console.print(f"gradebook: {class_dir / 'gradebook.csv'}  class page: {page}", markup=False)
+            outputs.write_student(room.class_dir, outcome, room.rubric, lesson_root)
+    summary = summary_of(room, outcomes, time.monotonic() - started, interrupted is not None)
+    room.class_dir.mkdir(parents=True, exist_ok=True)
+    outputs.gradebook_csv(room.class_dir / "gradebook.csv", room.rubric, outcomes)
+    page = outputs.class_page(room.class_dir, room.rubric, outcomes, summary)
+    write_json(room.class_dir / "summary.json", summary)
+    console.print(f"gradebook: {room.class_dir / 'gradebook.csv'}  class page: {page}", markup=False)
     if interrupted is not None:
         raise interrupted
     return 0

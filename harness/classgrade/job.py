@@ -1,7 +1,7 @@
 """One submission graded, in a process of its own: `python -m harness.classgrade.job JOB.json`.
 
-Graded as `distlab grade --program LAB=PATH` grades one (grade.plan, grade.execute, the same
-verdicts), with each run's launcher inside the job's sandbox (sandbox.py). Whatever the grade
+Graded as `distlab grade --program LAB=PATH` grades one (grading.plan_grade, grading.execute, the
+same verdicts: grading.judge), with each run's launcher inside the job's sandbox (sandbox.py). Whatever the grade
 observed is stored in the job's folder before anything is concluded from it:
 
     <job>/job.json           what to grade: the submission, the lab, the profile, the limits, the slot
@@ -19,7 +19,6 @@ to one console.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -32,53 +31,39 @@ from typing import Any
 from harness import files
 from harness.catalog import REPO
 from harness.classgrade import sandbox
-from harness.commands import grade
-from harness.run.request import RunRequest
+from harness.grading.execute import execute
+from harness.grading.plan import Cell, GradePlan, plan_grade
+from harness.on_ranks.observer.distlab_observer.fileformat import RANK_FILES
 from harness.run.run_dir import OBSERVE_DIR
-from harness.verdict.verdicts import Sample, Verdict, grade_verdicts
+from harness.verdict import profiles
+from harness.verdict.verdicts import Sample
+from labs.common.host import fingerprint
 
 OBSERVATIONS = "observations.json"
 OUTPUT_READ_BYTES = 256 << 10  # of each log, read for the sandbox's refusals
 
 
-@dataclasses.dataclass
-class SandboxedPlan(grade.GradePlan):
-    """The grade's plan, every run (the program's and the course lab's beside it) in the job's sandbox."""
-
-    sandbox: list[str] = dataclasses.field(default_factory=list)
-
-    def build_request(self, lab: str, world_size: int, course: bool = False) -> RunRequest:
-        request = super().build_request(lab, world_size, course)
-        return dataclasses.replace(request, sandbox=list(self.sandbox)) if self.sandbox else request
-
-
-def grade_args(job: dict[str, Any]) -> argparse.Namespace:
-    """The `distlab grade` command line this job stands for."""
-    return argparse.Namespace(profile=job["profile"], labs=job["lab"], world_sizes=job.get("world_sizes"),
-                              repeats=1, program=[f"{job['lab']}={job['program']}"],
-                              results=Path(job["folder"]) / "runs", timeout=job["limits"].get("wall_s"))
+def plan_for(job: dict[str, Any], sandbox_prefix: list[str] | None = None, *, check_runs: bool = True
+             ) -> GradePlan:
+    """The grade this job stands for: the submission's program in the lab's rows, one run of each cell
+    beside the course lab's, every run in the job's sandbox. `check_runs=False`: for judging the
+    stored runs (a regrade), nothing of this host checked."""
+    # Running: this process sees the job's own GPUs only (CUDA_VISIBLE_DEVICES). Judging: the job's count.
+    job_gpus = len(job["gpus"]) if job.get("gpus") is not None else None
+    gpus = fingerprint()["gpus"] if check_runs else job_gpus
+    # The profile by the path the class resolved it to (classroom.py): no host is asked which fits.
+    profile = profiles.resolve(job["profile"], {} if job["profile"] else fingerprint())
+    return plan_grade(profile, labs=[job["lab"]], world_sizes=job.get("world_sizes"), repeats=1,
+                      programs={job["lab"]: Path(job["program"])}, results_root=Path(job["folder"]) / "runs",
+                      timeout_s=job["limits"].get("wall_s"), gpus=gpus, sandbox=sandbox_prefix or [],
+                      check_runs=check_runs)
 
 
-def plan_for(job: dict[str, Any], sandbox_prefix: list[str] | None = None) -> SandboxedPlan:
-    base = grade.plan(grade_args(job))
-    fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(grade.GradePlan) if f.init}
-    return SandboxedPlan(**fields, sandbox=sandbox_prefix or [])
-
-
-def verdicts_for(grade_plan: grade.GradePlan, done: dict[tuple[str, int], list[Sample]],
-                 references: dict[tuple[str, int], list[Sample]]) -> list[Verdict]:
-    """The verdicts `distlab grade` reaches from these runs, in the same steps as grade.run."""
-    pair = getattr(grade, "pair_references", None)  # each run's own reference (the paired ratios), where grade has it
-    if pair is not None:
-        pair(grade_plan, done, references)
-    return grade_verdicts(grade_plan.profile, grade_plan.labs, done, grade.reference_rates(grade_plan, references))
-
-
-def _samples_to_json(runs: dict[tuple[str, int], list[Sample]]) -> dict[str, list[dict[str, Any]]]:
+def _samples_to_json(runs: dict[Cell, list[Sample]]) -> dict[str, list[dict[str, Any]]]:
     return {f"{lab}@{ws}": [dataclasses.asdict(s) for s in samples] for (lab, ws), samples in runs.items()}
 
 
-def samples_from_json(data: dict[str, list[dict[str, Any]]]) -> dict[tuple[str, int], list[Sample]]:
+def samples_from_json(data: dict[str, list[dict[str, Any]]]) -> dict[Cell, list[Sample]]:
     names = {f.name for f in dataclasses.fields(Sample)}
     runs = {}
     for key, samples in data.items():
@@ -87,15 +72,13 @@ def samples_from_json(data: dict[str, list[dict[str, Any]]]) -> dict[tuple[str, 
     return runs
 
 
-def _program_runs(done: dict[tuple[str, int], list[Sample]]) -> list[Path]:
+def _program_runs(done: dict[Cell, list[Sample]]) -> list[Path]:
     return [Path(s.run_dir) for samples in done.values() for s in samples]
 
 
-def _read(path: Path) -> str:
-    try:
-        return files.read_regular_file(path, OUTPUT_READ_BYTES, tail=True).decode(errors="replace")
-    except (OSError, ValueError):
-        return ""
+def read_log(path: Path) -> str:
+    """The end of a log a run left (its program's output): bounded, never through a link."""
+    return files.read_text(path, OUTPUT_READ_BYTES, tail=True)
 
 
 # An error a program printed about a path: Python's own wording ("[Errno 2] No such file or directory: '/x'").
@@ -105,7 +88,7 @@ PATH_ERROR = re.compile(r"(PermissionError|FileNotFoundError|OSError|IsADirector
 def refusals(run_dirs: list[Path], hidden: list[str], own: list[str]) -> list[str]:
     """The sandbox's refusals the program's runs printed (sandbox.DENIALS), by name; and the paths
     it was refused that are the grader's or another submission's, each named once."""
-    texts = [_read(log) for run_dir in run_dirs for log in [run_dir / "launcher.log", *run_dir.glob("rank.*.log")]]
+    texts = [read_log(log) for run_dir in run_dirs for log in [run_dir / "launcher.log", *run_dir.glob("rank.*.log")]]
     found = sandbox.denials(texts)
 
     def under(path: str, roots: list[str]) -> bool:
@@ -131,7 +114,7 @@ def forged_observations(run_dirs: list[Path], program_pids: set[int]) -> list[st
     that wrote it (as the sandbox numbered it), and the monitor saw which pids ran the program."""
     found = []
     for run_dir in run_dirs:
-        written = sorted((run_dir / OBSERVE_DIR).glob("rank.*.json"))
+        written = sorted((run_dir / OBSERVE_DIR).glob(RANK_FILES))
         if not written and _run_ok(run_dir):
             found.append(f"{run_dir.name}: the run ended well, yet no rank left observations (the observer was "
                          "switched off, or the program exited past Python's exit handlers)")
@@ -170,14 +153,14 @@ def run_job(job_path: Path) -> int:
                             gpus=job.get("gpus"))
         prefix = sandbox.prefix(spec.write(folder / "sandbox.json"))
     grade_plan = plan_for(job, prefix)
-    done: dict[tuple[str, int], list[Sample]] = {}
-    references: dict[tuple[str, int], list[Sample]] = {}
+    done: dict[Cell, list[Sample]] = {}
+    references: dict[Cell, list[Sample]] = {}
     if job["sandboxed"]:
         monitor = sandbox.Monitor(cgroup, folder / "runs", limits, job["program"])
         monitor.start()
     started = time.monotonic()
     try:
-        grade.execute(grade_plan, done, references)
+        execute(grade_plan, done, references)
     finally:
         if monitor is not None:
             monitor.stop()

@@ -33,6 +33,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -96,6 +97,22 @@ def available() -> str | None:
     for needed in ("setpriv", "prlimit"):
         if shutil.which(needed) is None:
             return f"{needed} (util-linux) is not installed; install util-linux, or pass --no-sandbox"
+    return None
+
+
+def refusal() -> str | None:
+    """None where grade-class can sandbox its jobs here, else the one line that says why not and what to do."""
+    problem = available()
+    if problem:
+        return problem
+    if os.geteuid() != 0:
+        return ("the sandbox gives each job a uid and a cgroup of its own, which needs root; run grade-class as "
+                "root (a course's grading host or container), or pass --no-sandbox")
+    probe = subprocess.run([bwrap_path(), "--unshare-net", "--unshare-pid", "--ro-bind", "/", "/", "true"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        return (f"bubblewrap cannot make namespaces here ({probe.stderr.strip()[:200]}); allow them (a privileged "
+                "container) or pass --no-sandbox")
     return None
 
 
@@ -214,7 +231,9 @@ class Spec:
     env: dict[str, str] = field(default_factory=dict)
 
     def write(self, path: Path) -> Path:
-        path.write_text(json.dumps(asdict(self), indent=1))
+        from harness.files import write_json  # here: the entering program has only the standard library
+
+        write_json(path, asdict(self))
         return path
 
 

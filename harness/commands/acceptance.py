@@ -32,9 +32,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.commands import doctor
 from harness.console import console
-from harness.usage import UsageError
+from harness.files import write_json
+from harness.run import capabilities
+from harness.usage import UsageError, positive_int
 from labs.common.host import gpus as visible_gpus
 
 PLAN = Path(__file__).resolve().parents[1] / "profiles" / "plans" / "gpu-acceptance.toml"
@@ -199,8 +200,25 @@ def dry_run(count: int, model: str, folder: Path, horovod: tuple[bool, str]) -> 
     return 0
 
 
-def run(args: argparse.Namespace, distlab: Callable[[list[str]], int]) -> int:
+DESCRIPTION = ("Doctor, every lab at world sizes 1..N on the visible GPUs, benchmarks, a profile calibrated for "
+               "this GPU and a grade against it; one folder, one archive.")
+EXAMPLES = ("examples:\n  distlab acceptance                      # every GPU this host shows\n"
+            "  CUDA_VISIBLE_DEVICES=0,1 distlab acceptance")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--results", type=Path, default=Path("results"), help="results root")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print every step with its expected seconds; start nothing")
+    parser.add_argument("--gpus", type=positive_int,
+                        help="--dry-run on a host without GPUs: plan for this many (default 1)")
+    parser.add_argument("--gpu-model", help='--dry-run on a host without GPUs: their model (default "NVIDIA H200")')
+
+
+def run(args: argparse.Namespace, lab_args: list[str], distlab: Callable[[list[str]], int] | None = None) -> int:
     """Every step through `distlab` (cli.main: the same commands a person types, in this process)."""
+    if distlab is None:
+        from harness.commands.cli import main as distlab  # the parser, not another command
     gpus = visible_gpus()
     dry = getattr(args, "dry_run", False)
     if dry and not gpus["count"]:  # a plan for a GPU host, printed on any host
@@ -214,7 +232,7 @@ def run(args: argparse.Namespace, distlab: Callable[[list[str]], int]) -> int:
     if dry:
         return dry_run(gpus["count"], gpus["models"][0], folder, horovod)
     folder.mkdir(parents=True)
-    (folder / "doctor.json").write_text(json.dumps(doctor.facts(), indent=2, default=str) + "\n")
+    write_json(folder / "doctor.json", json.loads(json.dumps(capabilities.facts(), default=str)))
     if gpus["count"] == 1:
         (folder / "plan-x1.toml").write_text(one_gpu_plan(horovod[0]))
         planned = [(name, argv) for name, argv, _ in one_gpu_steps(gpus["models"][0], folder, horovod)]
@@ -233,8 +251,8 @@ def run(args: argparse.Namespace, distlab: Callable[[list[str]], int]) -> int:
         if code == 130:
             break  # Ctrl-C: stop here, keep what was done
     failed = [o["step"] for o in outcomes if o["exit_code"] not in (0, None)]
-    (folder / "acceptance.json").write_text(json.dumps({
-        "gpus": gpus, "world_sizes": world_sizes(gpus["count"]), "steps": outcomes, "failed": failed}, indent=2) + "\n")
+    write_json(folder / "acceptance.json", {
+        "gpus": gpus, "world_sizes": world_sizes(gpus["count"]), "steps": outcomes, "failed": failed})
     archive = shutil.make_archive(str(folder), "gztar", root_dir=folder.parent, base_dir=folder.name)
     for outcome in outcomes:
         mark = "skipped" if outcome.get("skipped") else "ok" if outcome["exit_code"] == 0 else \

@@ -26,7 +26,6 @@ what was measured:
 from __future__ import annotations
 
 import argparse
-import copy
 import datetime as dt
 import platform
 import statistics
@@ -37,15 +36,22 @@ from typing import Any
 import tomli_w
 
 from harness.catalog import LABS
-from harness.commands import doctor, grade
+from harness.commands import grade_options
 from harness.console import console
+from harness.grading.execute import execute
 from harness.usage import UsageError
 from harness.verdict import profiles
+from harness.verdict.pairing import reference_rates
 from harness.verdict.profiles import Profile
 from harness.verdict.stats import efficiency as scaling_efficiency
 from harness.verdict.stats import mean_ci
 from harness.verdict.verdicts import Sample, row_baseline, sample_metric
+from labs.common.host import fingerprint
 from labs.common.provenance import versions as library_versions
+
+EXAMPLES = """examples:
+  distlab calibrate --profile my-host --repeats 3  # writes ./profiles/my-host.toml
+  distlab grade --profile profiles/my-host.toml"""
 
 ACCURACY = "final_accuracy"
 ACCURACY_DELTA = 0.05  # at the same global batch, every world size within this of world size 1
@@ -174,7 +180,16 @@ def write_profile(path: Path, data: dict[str, Any]) -> None:
         handle.write(tomli_w.dumps(data).encode())
 
 
-def run(args: argparse.Namespace) -> int:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    grade_options.add_plan_arguments(parser)
+    parser.add_argument("--profile", required=True, help="name of the new profile (written to OUTPUT/NAME.toml)")
+    parser.add_argument("--template", default="cpu-grade",
+                        help="profile whose labs, arguments and world sizes are measured")
+    parser.add_argument("--output", type=Path, default=Path("profiles"),
+                        help="folder the new profile goes to (yours: the package folder may belong to root)")
+
+
+def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     """`distlab calibrate`: the template profile's grade plan, run; a new profile from what it measured."""
     if not args.profile.replace("-", "").replace("_", "").isalnum():
         raise UsageError(f"profile name {args.profile!r} may hold only letters, digits, - and _")
@@ -192,20 +207,19 @@ def run(args: argparse.Namespace) -> int:
     except OSError as error:
         raise UsageError(f"cannot write the profile to {args.output} ({error.strerror}); "
                          "choose a folder you own with --output") from None
-    template_args = copy.copy(args)
-    template_args.profile = args.template  # the plan measures the template's labs, arguments and sizes
-    grade_plan = grade.plan(template_args)
+    # The plan measures the template's labs, arguments and sizes.
+    grade_plan = grade_options.plan_from(args, args.template)
     done: dict[tuple[str, int], list[Sample]] = {}
     references: dict[tuple[str, int], list[Sample]] = {}
-    grade.execute(grade_plan, done, references)  # Ctrl-C here writes no profile
-    rates = grade.reference_rates(grade_plan, references)
+    execute(grade_plan, done, references)  # Ctrl-C here writes no profile
+    rates = reference_rates(grade_plan.reference, references)
     failed = [s for samples in done.values() for s in samples if s.status != "ok"]
     if failed:
         console.print(f"calibration needs successful runs: {failed[0].run_dir}: {failed[0].reason}", markup=False)
         return 1
     template_data = profiles.tomllib.loads(grade_plan.profile.path.read_text())
     data = build_profile(args.profile, grade_plan.profile, template_data, done, grade_plan.repeats,
-                         doctor.fingerprint(), library_versions(), rates)
+                         fingerprint(), library_versions(), rates)
     write_profile(target, data)
     profiles.load_profile(target)  # what we wrote must load
     console.print(f"wrote {target}; grade against it with `distlab grade --profile {target}`, or review it and "

@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.console import console, print_json, run_progress
+from harness.files import write_json
 from harness.report import pages
 from harness.report.plots import pyplot, save
 from harness.run.request import build_request
 from harness.run.run_dir import new_run_dir
 from harness.run.runner import run_lab
 from harness.usage import UsageError, positive_float, positive_int, world_size_list
-from labs.common.contract import write_json_atomic
 from labs.common.host import REPO
 
 SCHEMA = "distlab-compare"
@@ -65,6 +65,13 @@ TOOLS = {tool.name: tool for tool in [
     Tool("deepspeed-zero3", "DeepSpeed ZeRO-3", "deepspeed", "deepspeed_zero.py", "gloo", ("--stage", "3")),
 ]}
 REFERENCE = "ddp"  # throughput is relative to it, at each world size
+
+
+DESCRIPTION = ("Each tool's program on the same model and batch through its launcher; memory, step time, "
+               "throughput vs DDP, lines added (labs/PARALLELISM.md).")
+EXAMPLES = """examples:
+  distlab compare               # DDP, Horovod, ZeRO, FSDP2, DeepSpeed at world sizes 1, 2
+  distlab compare --smoke --world-sizes 2 --tools ddp,fsdp2,deepspeed-zero3"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -236,9 +243,9 @@ def plan_runs(args: argparse.Namespace) -> list[tuple[Tool, int]]:
     return planned
 
 
-def run(args: argparse.Namespace, extra: list[str] | None = None) -> int:
-    if extra:
-        raise UsageError(f"distlab compare takes no lab arguments ({' '.join(extra)}); use --smoke or --tools")
+def run(args: argparse.Namespace, lab_args: list[str]) -> int:
+    if lab_args:
+        raise UsageError(f"distlab compare takes no lab arguments ({' '.join(lab_args)}); use --smoke or --tools")
     if args.from_study is not None:
         return rebuild(args.from_study, args)
     planned = plan_runs(args)
@@ -294,7 +301,7 @@ def summarize(runs: list[dict[str, Any]], failure: str | None, args: argparse.Na
 
 
 def finish(study: Path, summary: dict[str, Any], args: argparse.Namespace) -> int:
-    write_json_atomic(study / "summary.json", summary)
+    write_json(study / "summary.json", summary)
     image = plot(summary, study)
     (study / "compare.md").write_text(markdown(summary))
     (study / "compare.html").write_text(html_page(summary, [image] if image else []))
@@ -325,7 +332,3 @@ def rebuild(study: Path, args: argparse.Namespace) -> int:
                          "again") from None
     return finish(study, summary, args)
 
-
-def cmd_compare(args: argparse.Namespace, extra: list[str] | None = None) -> int:
-    """The command, given parsed arguments (how `distlab compare` calls it)."""
-    return run(args, extra)

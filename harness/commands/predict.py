@@ -1,7 +1,7 @@
 """`distlab predict`: data-parallel step time, throughput and weak-scaling efficiency past this machine.
 
 The model (the alpha-beta cost of each collective, DDP's bucket overlap, FSDP's prefetching, ranks
-sharing a host's cores) is harness/commands/step_model.py's, with its formulas; this module feeds it
+sharing a host's cores) is harness/planning/step_model.py's, with its formulas; this module feeds it
 measurements or published figures and shows what it predicts.
 
 Checked on this machine (--check): calibrated on a scale study's world sizes 1 and 2 (c from the
@@ -27,8 +27,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from harness.commands.step_model import BUCKET_BYTES, Host, Link, Step, ddp_step, fit_link, ring_allreduce, table_rows
 from harness.console import console, print_json
+from harness.files import write_json
+from harness.planning.step_model import BUCKET_BYTES, Host, Link, Step, ddp_step, fit_link, ring_allreduce, table_rows
 from harness.usage import UsageError
 from harness.verdict.profiles import tomllib  # the standard library's from 3.11, tomli before
 
@@ -210,6 +211,13 @@ def plot(predictions: list[dict[str, Any]], path: Path) -> Path:
     return save(fig, path)
 
 
+DESCRIPTION = ("DDP and FSDP past this machine, from a measured step and interconnect "
+               "(harness/planning/step_model.py: the formulas; labs/SCALING.md).")
+EXAMPLES = """examples:
+  distlab predict --scale results/scale/STUDY --bench results/allreduce_bench/RUN --check
+  distlab predict --cluster          # DGX H100 and 1024 GPUs over InfiniBand, from published figures"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale", type=Path, help="a distlab scale study folder: the measured step")
     parser.add_argument("--bench", type=Path, help="an allreduce_bench record.json (or its run folder): the "
@@ -225,7 +233,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the prediction as JSON on stdout")
 
 
-def cmd_predict(args: argparse.Namespace, lab_args: list[str]) -> int:
+def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     if lab_args:
         raise UsageError("distlab predict takes no arguments after --")
     if not args.cluster and not (args.scale and args.bench):
@@ -237,7 +245,7 @@ def cmd_predict(args: argparse.Namespace, lab_args: list[str]) -> int:
         raise UsageError(f"--max-ranks {args.max_ranks}: give a power of 2, e.g. 1024")
     ranks = [p for p in RANKS + [2**k for k in range(11, 21)] if p <= args.max_ranks]
     out: dict[str, Any] = {"kind": "prediction", "made": dt.datetime.now(dt.timezone.utc).isoformat(),
-                           "model": "alpha-beta (harness/commands/step_model.py docstring)", "predictions": []}
+                           "model": "alpha-beta (harness/planning/step_model.py docstring)", "predictions": []}
     if args.scale and args.bench:
         study, (link, fitted) = load_study(args.scale), load_bench(args.bench)
         step = measured_step(study)
@@ -279,7 +287,7 @@ def cmd_predict(args: argparse.Namespace, lab_args: list[str]) -> int:
     folder = args.output / dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     folder.mkdir(parents=True, exist_ok=False)
     out["plot"] = str(plot(out["predictions"], folder / "efficiency.png"))
-    (folder / "prediction.json").write_text(json.dumps(out, indent=2) + "\n")
+    write_json(folder / "prediction.json", out)
     console.print(f"prediction: {folder / 'prediction.json'}; plot: {out['plot']}", markup=False)
     if args.json:
         print_json(out)

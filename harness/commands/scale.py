@@ -30,14 +30,14 @@ from rich.table import Table
 
 from harness.catalog import DEFAULT_LAUNCHER, LABS, backend_for
 from harness.console import console, fmt, print_json, run_progress
+from harness.files import write_json
 from harness.report import pages
 from harness.report.plots import scale_plots, time_split_plot
 from harness.run.request import RunRequest, build_request
 from harness.run.run_dir import new_run_dir
 from harness.run.runner import run_lab
-from harness.usage import UsageError
+from harness.usage import UsageError, positive_float, positive_int, world_size_list
 from harness.verdict.stats import Interval, efficiency, fit_amdahl, mean_ci, speedup
-from labs.common.contract import write_json_atomic
 from labs.common.host import gpu_count
 
 LAB = "scaling"
@@ -49,6 +49,33 @@ MEAN_METRICS = ("step_seconds", "step_seconds_no_sync", "comm_seconds", "allredu
 
 
 # ------------------------------------------------------------------------------ pure computations
+
+
+DESCRIPTION = ("Run labs/scaling at each world size; arguments after -- go to the lab. How to read the numbers: "
+               "labs/SCALING.md.")
+EXAMPLES = """examples:
+  distlab scale --lab ddp --world-sizes 1,2,4 --repeats 3
+  distlab scale --lab ddp --world-sizes 1,2,4 --mode strong --global-batch 128"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lab", choices=["ddp", "horovod"], default="ddp",
+                        help="ddp (torch.distributed, torchrun) or horovod (horovodrun); default ddp")
+    parser.add_argument("--world-sizes", type=world_size_list, required=True,
+                        help="increasing, comma-separated, e.g. 1,2,4; the smallest is the baseline")
+    parser.add_argument("--mode", choices=["weak", "strong"], default="weak",
+                        help="weak: fixed per-rank batch (default); strong: fixed global batch split across ranks")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="runs per world size (default 3)")
+    parser.add_argument("--batch", type=positive_int, help="weak: images per rank per step (default: the lab's)")
+    parser.add_argument("--global-batch", type=positive_int, help="strong: images per step over all ranks")
+    parser.add_argument("--backend", choices=["gloo", "nccl"],
+                        help="--lab ddp only (default: nccl when GPUs are visible, else gloo)")
+    parser.add_argument("--launcher", help="default: torchrun for ddp, horovodrun for horovod")
+    parser.add_argument("--threads", type=positive_int, default=1,
+                        help="OMP threads per rank, the same at every world size (default 1)")
+    parser.add_argument("--timeout", type=positive_float, default=900.0, help="seconds before one run is ended")
+    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
+    parser.add_argument("--json", action="store_true", help="print the study's summary as JSON on stdout")
 
 
 def rank_batches(mode: str, world_sizes: list[int], batch: int | None,
@@ -241,7 +268,7 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
         "start": started, "end": dt.datetime.now(dt.timezone.utc).isoformat(),
         "provenance": _provenance(study_dir, runs),
     }
-    write_json_atomic(study_dir / "summary.json", summary)
+    write_json(study_dir / "summary.json", summary)
     images = []
     if rows:
         # Logs and CI pages are not terminals (rich assumes 80 columns there): give the table its width.

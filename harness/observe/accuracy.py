@@ -16,7 +16,7 @@ between runs, so it cannot disturb one.
 Rank 0's weights on the whole test set is the canonical measure. A data-parallel lab reports the
 sum of each rank's count on its own shard; once the ranks hold one model (BatchNorm's running
 statistics averaged, labs/TRAINING.md "One model at the end of training") that is the same model's
-accuracy, within one test image (grade.accuracy_claim_tolerance). A program whose ranks kept their
+accuracy, within one test image (verdict/tolerances.accuracy_claim_tolerance). A program whose ranks kept their
 own statistics counted each shard with another model: harness/observe/observations.py says so instead.
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import select
@@ -33,8 +34,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-WEIGHTS_FILE = "final_weights.pt"
+from harness import files
+from harness.catalog import REPO
+from harness.observe.observations import read_rank_file
+from harness.on_ranks.observer.distlab_observer.fileformat import RANK_FILE, WEIGHTS_FILE
+
+# Rank 0's final state as the observer saved it: ResNet-18's is 45 MB; a larger file is not the labs' model.
+WEIGHTS_LIMIT = 512 << 20
 BACKENDS = ["gloo", "nccl", "mpi", "horovod", "none"]  # any backend the lab ran with: it does not matter here
 
 
@@ -108,18 +114,19 @@ def measure_accuracy(observe_dir: Path, lab_args: list[str]) -> dict[str, Any]:
     """Rank 0's observed final weights, evaluated on the lab's test set."""
     import torch
 
-    from harness.on_ranks.observer.distlab_observer import state_digest
+    from harness.on_ranks.observer.distlab_observer.digests import state_digest
     from labs.common import data, flags, models
     from labs.common.contract import add_contract_args
 
-    rank0 = json.loads((observe_dir / "rank.0.json").read_text())
+    rank0 = read_rank_file(observe_dir / RANK_FILE.format(rank=0))
     observed = (rank0.get("model") or {}).get("state_sha256")
     if not observed:
         return {"accuracy": None, "error": "the observer found no trained model on rank 0"}
-    weights = observe_dir / WEIGHTS_FILE
-    if not weights.is_file():
+    try:  # what the run left: a regular file of bounded size, never through a link (harness/files.py)
+        weights = files.read_regular_file(observe_dir / WEIGHTS_FILE, WEIGHTS_LIMIT)
+    except FileNotFoundError:
         return {"accuracy": None, "error": f"no {WEIGHTS_FILE} in {observe_dir}"}
-    state = torch.load(weights, map_location="cpu", weights_only=True)
+    state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
     found = state_digest(state)
     if found != observed:
         return {"accuracy": None, "weights_sha256": found, "observed_sha256": observed,

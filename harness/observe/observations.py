@@ -6,6 +6,11 @@ torch.save and the final state of the trained model. This module reads it (`load
 run's training from it (`throughput`); data_parallel.py judges the run from it.
 
 No torch here: the grader reads JSON only (harness/observe/accuracy.py loads the weights, in a subprocess).
+Everything in the observe directory was written where the program runs, so it is read as the
+program's own output: each file through harness/files.py (a regular file, never through a link,
+bounded), each rank's file checked against harness/schemas/observations.schema.json (the format's
+one definition; the file names are the observer's fileformat.py). A file that breaks either is a
+problem of the run, never a crash of the grader.
 
 Throughput, timed by the harness (`throughput`): on each rank, the images of the training batches
 received after the run's first WARMUP_STEPS optimizer steps, over the time the training passes took
@@ -22,9 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-OBSERVATIONS_SCHEMA = "distlab-observations"
-WEIGHTS_FILE = "final_weights.pt"
+from harness import files, schema_check
+from harness.on_ranks.observer.distlab_observer.fileformat import ERRORS_FILES, RANK_FILES, WEIGHTS_FILE
+from harness.on_ranks.observer.distlab_observer.fileformat import SCHEMA as OBSERVATIONS_SCHEMA
+
 WARMUP_STEPS = 3  # the first optimizer steps of a run, left out of its throughput (start-up)
+RANK_FILE_LIMIT = 64 << 20  # bytes of one rank's file: a CIFAR-10 run's indices over 100 epochs are ~30 MB
+ERRORS_FILE_LIMIT = 4096  # of an observer error file, read for its first line
 
 
 @dataclass(frozen=True)
@@ -67,15 +76,25 @@ class Observations:
         return self.directory / WEIGHTS_FILE
 
 
+def read_rank_file(path: Path) -> dict[str, Any]:
+    """One rank's observations as the schema has them; ValueError (or OSError) naming what is wrong."""
+    data = json.loads(files.read_regular_file(path, RANK_FILE_LIMIT))
+    if not isinstance(data, dict) or data.get("schema") != OBSERVATIONS_SCHEMA:
+        found = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"not the observer's format: schema {found!r}")
+    problem = schema_check.problem(data, schema_check.OBSERVATIONS_SCHEMA)
+    if problem:
+        raise ValueError(f"not the observer's format: {problem}")
+    return data
+
+
 def load(observe_dir: Path | str) -> Observations:
     """Every rank.<r>.json the observer wrote under observe_dir, and its error files."""
     directory = Path(observe_dir)
     observations = Observations(directory)
-    for path in sorted(directory.glob("rank.*.json")):
+    for path in sorted(directory.glob(RANK_FILES)):
         try:
-            data = json.loads(path.read_text())
-            if data.get("schema") != OBSERVATIONS_SCHEMA:
-                raise ValueError(f"schema {data.get('schema')!r}")
+            data = read_rank_file(path)
             rank = int(data["rank"])
             observations.ranks[rank] = RankObservation(
                 rank=rank, process_groups=data["process_groups"], optimizer_steps=int(data["optimizer_steps"]),
@@ -85,11 +104,28 @@ def load(observe_dir: Path | str) -> Observations:
                 saves=data["saves"], model=data["model"], errors=data["errors"])
         except (OSError, ValueError, KeyError, TypeError) as error:
             observations.problems.append(f"{path.name} unreadable ({type(error).__name__}: {error})")
-    for path in sorted(directory.glob("observer-errors.*.txt")):
-        first = path.read_text(errors="replace").splitlines()[:1]
+    for path in sorted(directory.glob(ERRORS_FILES)):
+        first = files.read_text(path, ERRORS_FILE_LIMIT).splitlines()[:1]
         observations.problems.append(f"observer error in {path.name}: {first[0] if first else '?'}")
     return observations
 
+
+def merge(observe_dirs: list[Path]) -> Observations:
+    """The observations of every node's run directory as one run's (a multi-node job keeps one run
+    directory per node): each rank's from the node it ran on. A rank seen on two nodes is a problem
+    (the observer check fails), never overwritten."""
+    merged = Observations(Path(observe_dirs[0]) if observe_dirs else Path("."))
+    for directory in observe_dirs:
+        part = load(directory)
+        merged.problems += [f"{directory}: {problem}" for problem in part.problems]
+        for rank, observation in part.ranks.items():
+            if rank in merged.ranks:
+                merged.problems.append(f"rank {rank} observed on two nodes ({directory})")
+            else:
+                merged.ranks[rank] = observation
+        if (Path(directory) / WEIGHTS_FILE).exists():
+            merged.directory = Path(directory)  # rank 0's node: the final weights the grader evaluates
+    return merged
 
 
 def throughput(observations: Observations, warmup_steps: int = WARMUP_STEPS) -> float | None:

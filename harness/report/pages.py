@@ -22,9 +22,9 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from harness.files import write_json
 from harness.report.plots import grade_plots
 from harness.verdict.verdicts import Sample, Verdict
-from labs.common.contract import write_json_atomic
 
 MARK = {True: "pass", False: "FAIL", None: "n/a"}
 
@@ -180,8 +180,8 @@ def write_report(report_dir: Path, summary: dict[str, Any], verdicts: list[Verdi
                  ) -> dict[str, Path]:
     report_dir.mkdir(parents=True, exist_ok=True)
     images = grade_plots(done, report_dir, single_device)
-    write_json_atomic(report_dir / "verdicts.json", [v.to_dict() for v in verdicts])
-    write_json_atomic(report_dir / "summary.json", {
+    write_json(report_dir / "verdicts.json", [v.to_dict() for v in verdicts])
+    write_json(report_dir / "summary.json", {
         **summary, "runs_by_cell": {f"{lab}@{ws}": [s.run_dir for s in samples]
                                     for (lab, ws), samples in done.items()}})
     paths = {"markdown": report_dir / "report.md", "html": report_dir / "report.html",

@@ -86,3 +86,4 @@ REFERENCES = {reference.name: reference for reference in [
     Reference("plain_allreduce", PLAIN_ALLREDUCE, "avg_busbw_gbps", like_lab=True,
               summary="the bare library all-reduce in a timed loop, same sizes, ranks and backend"),
 ]}
+

@@ -33,7 +33,7 @@ class Verdict:
     detail: str = ""
     # How far a numeric comparison was from failing, as a fraction of its threshold: 0.25 is 25% above
     # a floor (or below a ceiling), negative where it failed; None for a comparison without a number.
-    # The robustness sweep's figure is the smallest seen (harness/commands/robustness.py).
+    # The robustness sweep's figure is the smallest seen (harness/benchmarks/robustness.py).
     margin: float | None = None
 
     def to_dict(self) -> dict[str, Any]:

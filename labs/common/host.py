@@ -80,6 +80,14 @@ def gpus() -> dict[str, Any]:
     return {"count": count, "models": [torch.cuda.get_device_name(i) for i in range(count)], "driver": driver}
 
 
+
+def fingerprint() -> dict[str, Any]:
+    """The few facts that choose a profile and describe a measurement: GPU count and models, CPU
+    cores and model."""
+    found = gpus()
+    return {"gpus": found["count"], "gpu_models": found["models"], "cores": os.cpu_count() or 1,
+            "cpu_model": cpu_model()}
+
 def git_commit(where: Path = REPO) -> str | None:
     """The commit the code ran from: DISTLAB_GIT_COMMIT when the harness passed it on (ranks may run
     in a copy without .git, e.g. a container), else asked of git; None outside a checkout."""

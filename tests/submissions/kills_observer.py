@@ -7,10 +7,10 @@ import json
 import os
 import sys
 
-import distlab_observer  # the harness's observer, on every rank's path
+import distlab_observer.observer as the_observer  # the harness's observer, on every rank's path
 
-if distlab_observer._observer is not None:
-    atexit.unregister(distlab_observer._observer.finish)
+if the_observer._observer is not None:
+    atexit.unregister(the_observer._observer.finish)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

@@ -38,7 +38,7 @@ def _chain_next_sitecustomize() -> None:
 
     # Skip every folder that holds an observer, this one and any other copy: each would chain to the next.
     rest = [entry for entry in sys.path
-            if not os.path.isfile(os.path.join(entry or os.curdir, "distlab_observer.py"))]
+            if not os.path.isfile(os.path.join(entry or os.curdir, "distlab_observer", "__init__.py"))]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is None or spec.loader is None:
         return

@@ -20,13 +20,12 @@ beside the median: it says how far the machine let the two sides be compared.
 
 Both sides use buffers from torch's allocator (plain_allreduce.py says why that matters for MPI).
 
-    distlab bench allreduce -- --world-size 2 --pairs 10 --out bench.json
+    distlab bench allreduce --world-size 2 --pairs 10 --out bench.json
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -42,10 +41,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.catalog import LABS
+from harness.files import write_json
 from harness.on_ranks import PLAIN_ALLREDUCE
 from harness.run.launchers import find_tool
 from harness.run.request import RunRequest
 from harness.run.runner import run_lab
+from harness.usage import UsageError
 from labs.common.host import gpu_count
 from labs.common.sizes import parse_size
 
@@ -85,8 +86,7 @@ LIBRARIES = {lib.name: lib for lib in [
 ]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="distlab bench allreduce", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--libraries", default="mpi,gloo,nccl", help="comma-separated: " + ", ".join(LIBRARIES))
     parser.add_argument("-b", "--min-bytes", type=parse_size, default=1 << 20, help="default 1M")
@@ -100,15 +100,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=TARGET)
     parser.add_argument("--out", type=Path, help="write every measurement here as JSON")
     parser.add_argument("--keep", type=Path, help="keep the runs' records and logs in this folder")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     libraries = [name.strip() for name in args.libraries.split(",")]
     for name in libraries:
         if name not in LIBRARIES:
-            parser.error(f"--libraries: unknown {name!r}; choose from {', '.join(LIBRARIES)}")
+            raise UsageError(f"--libraries: unknown {name!r}; choose from {', '.join(LIBRARIES)}")
     if args.min_bytes < 4 or args.min_bytes > args.max_bytes or args.min_bytes % 4 or args.max_bytes % 4:
-        parser.error("sizes must be multiples of 4 bytes (float32) with -b <= -e")
+        raise UsageError("sizes must be multiples of 4 bytes (float32) with -b <= -e")
     if args.world_size < 2 or args.iters < 1 or args.pairs < 1 or args.warmup_pairs < 0:
-        parser.error("--world-size must be at least 2, --iters and --pairs at least 1, --warmup-pairs at least 0")
+        raise UsageError("--world-size must be at least 2, --iters and --pairs at least 1, --warmup-pairs at least 0")
     sizes = [args.min_bytes]
     while sizes[-1] * 2 <= args.max_bytes:
         sizes.append(sizes[-1] * 2)
@@ -158,11 +160,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def save(results: list[dict], sizes: list[int], args: argparse.Namespace) -> None:
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({
+        write_json(args.out, {
             "target": args.target, "world_size": args.world_size, "sizes": sizes, "iters": args.iters,
             "warmup_iters": args.warmup_iters, "pairs": args.pairs, "warmup_pairs": args.warmup_pairs,
-            "load_average": os.getloadavg(), "cores": os.cpu_count(), "results": results}, indent=2) + "\n")
+            "load_average": os.getloadavg(), "cores": os.cpu_count(), "results": results})
 
 
 def _launch(library: Library, lab: str, program: Path, lab_args: list[str], world_size: int,
@@ -262,6 +263,3 @@ def print_results(results: list[dict], args: argparse.Namespace) -> None:
     console.print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores: the wider the quartiles, "
                   "the less the machine let the two sides be compared")
 
-
-if __name__ == "__main__":
-    sys.exit(main())

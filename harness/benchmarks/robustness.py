@@ -1,4 +1,4 @@
-"""The grader's robustness figure (`nox -s robustness`): one profile graded under many conditions.
+"""The grader's robustness figure (`distlab bench robustness`): one profile graded under many conditions.
 
 A verdict must hold on any machine of the kind: another CPU's numerics, other seeds, other threads,
 a busy machine. This grades one profile (cpu-smoke by default) under a covering set of conditions
@@ -12,33 +12,32 @@ arguments), threads per rank (1, 2) and load (idle, two CPU-bound processes besi
 grades, not the 36 of every combination: every pair of levels of any two factors meets in at
 least one grade, which is where interactions (the slow kernels under load, say) show.
 
-    python -m harness.commands.robustness --profile cpu-smoke                # the nine grades
-    python -m harness.commands.robustness --profile cpu-grade --conditions 1,5,9
+    distlab bench robustness --profile cpu-smoke                # the nine grades
+    distlab bench robustness --profile cpu-grade --conditions 1,5,9
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
+from harness.benchmarks.load import busy_processes
+from harness.catalog import REPO
 from harness.console import console
+from harness.files import write_json
+from harness.usage import UsageError
 from harness.verdict import profiles
 from harness.verdict.profiles import tomllib
 
-REPO = Path(__file__).resolve().parents[2]
 FRAGILE = 0.10  # a margin under this: the band is wrong or the lab is fragile; find which
 
 
@@ -83,28 +82,6 @@ def derived_profile(source: Path, condition: Condition, directory: Path) -> Path
     path = directory / f"{data['name']}.toml"
     path.write_text(tomli_w.dumps(data))
     return path
-
-
-@contextlib.contextmanager
-def busy_processes(count: int) -> Iterator[None]:
-    """`count` CPU-bound processes for the duration, a busy machine made on purpose. They end with the
-    block, with this process if it is killed (PR_SET_PDEATHSIG), and SIGTERM ends the block like Ctrl-C."""
-    libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
-
-    def die_with_parent() -> None:
-        if libc is not None:
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    load = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=die_with_parent)
-            for _ in range(count)]
-    try:
-        yield
-    finally:
-        for process in load:
-            process.kill()
-            process.wait()
-        signal.signal(signal.SIGTERM, previous)
 
 
 def grade(profile: Path, condition: Condition, results: Path, labs: str | None) -> dict[str, Any]:
@@ -152,28 +129,30 @@ def report(grades: list[dict[str, Any]], margins: list[dict[str, Any]], director
                      f"{m['measured']} | {m['expected']} | {m['condition']} |")
     path = directory / "report.md"
     path.write_text("\n".join(lines) + "\n")
-    (directory / "sweep.json").write_text(json.dumps({"grades": grades, "margins": margins}, indent=1))
+    write_json(directory / "sweep.json", {"grades": grades, "margins": margins})
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.commands.robustness", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="cpu-smoke", help="a shipped profile's name or a path (default cpu-smoke)")
     parser.add_argument("--labs", help="comma-separated rows to grade (default: all of the profile's)")
     parser.add_argument("--conditions", help="comma-separated numbers 1-9 of the L9 conditions (default: all)")
     parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     every = conditions()
     try:
         chosen = [every[int(n) - 1] for n in args.conditions.split(",")] if args.conditions else every
         if args.conditions and not all(1 <= int(n) <= len(every) for n in args.conditions.split(",")):
             raise ValueError
     except (ValueError, IndexError):
-        parser.error(f"--conditions takes numbers from 1 to {len(every)}, comma-separated (got {args.conditions!r})")
+        raise UsageError(f"--conditions takes numbers from 1 to {len(every)}, comma-separated "
+                         f"(got {args.conditions!r})") from None
     try:
         source = profiles.resolve(args.profile, {}).path
     except profiles.ProfileError as error:
-        parser.error(str(error))
+        raise UsageError(str(error)) from None
     directory = args.results / "robustness" / time.strftime("%Y%m%d-%H%M%S")
     directory.mkdir(parents=True, exist_ok=False)
     grades = []
@@ -196,6 +175,3 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"report: {path}", markup=False)
     return 0 if all(outcome["returncode"] == 0 for outcome in grades) else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

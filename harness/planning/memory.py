@@ -1,7 +1,6 @@
 """Picking the tool: memory per GPU of each way to split a training run, what fits, what to use.
 
-    distlab plan --params 7e9 --gpus 8 --gpu-memory 80GB --optimizer adam --precision bf16
-    distlab plan --params 70B --gpus 64 --gpu-memory 80GB --seq-len 4096 --batch 1 --json
+The arithmetic behind `distlab plan` (harness/commands/plan.py).
 
 The model states (the ZeRO paper's name: Rajbhandari et al., 2020) per parameter:
 
@@ -37,17 +36,10 @@ estimate for a GPT-like transformer, see `activation_bytes`. This module imports
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
-
-from rich.console import Console
-from rich.table import Table
-
-from harness.console import console as shared_console
-from harness.usage import UsageError, positive_int
 
 HEADROOM = 0.9  # of a GPU's memory a run may plan to fill: the CUDA context, the allocator's caches,
 # communication buffers and fragmentation take the rest (typically 5-10%)
@@ -119,25 +111,6 @@ def memory_size(text: str) -> float:
         raise argparse.ArgumentTypeError(f"unknown unit {unit!r} in {text!r}; use B, KB, MB, GB, TB (powers of 1000) "
                                          "or KiB, MiB, GiB, TiB (powers of 1024), like 80GB")
     return value * UNITS[key]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--params", type=parameter_count, required=True, help="parameter count: 7e9, 7B, 125M")
-    parser.add_argument("--gpus", type=positive_int, required=True, help="number of GPUs")
-    parser.add_argument("--gpu-memory", type=memory_size, required=True,
-                        help="memory of one GPU: 80GB, 80GiB, 24576MiB (a bare number is GB)")
-    parser.add_argument("--optimizer", choices=sorted(OPTIMIZER_BYTES), default="adam",
-                        help="adam/adamw: 8 bytes of state per parameter; sgd-momentum: 4; sgd: 0 (default adam)")
-    parser.add_argument("--precision", choices=sorted(PRECISION_BYTES), default="bf16",
-                        help="bf16/fp16: mixed precision with an fp32 master copy; fp32: none (default bf16)")
-    parser.add_argument("--tool", choices=("torch", "deepspeed"), default="torch",
-                        help="deepspeed: its ZeRO keeps an fp32 master copy with --precision fp32 too (default torch)")
-    parser.add_argument("--seq-len", type=positive_int, help="tokens per sequence: adds a rough activation estimate")
-    parser.add_argument("--batch", type=positive_int, help="sequences per GPU per micro-batch (with --seq-len)")
-    parser.add_argument("--layers", type=positive_int, help=f"transformer layers (default: from --params, h = "
-                                                             f"{WIDTH_PER_LAYER} x layers)")
-    parser.add_argument("--hidden", type=positive_int, help="model width h (default: from --params)")
-    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
 # ------------------------------------------------------------------------------------------- memory
@@ -297,53 +270,3 @@ def recommend(rows: list[Row], params: int, gpus: int, gpu_memory: float, usable
             f"usable: use at least {needed} GPUs of this size (FSDP, with tensor parallel inside nodes and pipeline "
             "across them when that is many nodes), or offload optimizer states to CPU memory, or fine-tune fewer "
             "parameters (LoRA)"}
-
-
-# ------------------------------------------------------------------------------------------- output
-
-
-def print_plan(result: dict[str, Any], console: Console | None = None) -> None:
-    console = console or shared_console
-    inputs, per = result["inputs"], result["bytes_per_param"]
-    gb = 1e9
-    console.print(f"{inputs['params'] / 1e9:g}B parameters on {inputs['gpus']} GPU(s) of "
-                  f"{inputs['gpu_memory_bytes'] / gb:g} GB, {inputs['optimizer']}, {inputs['precision']}: "
-                  f"{per['param']} (param) + {per['grad']} (grad) + {per['master']} (fp32 master) + "
-                  f"{per['optimizer']} (optimizer) = {sum(per.values())} bytes/parameter")
-    table = Table(title=f"memory per GPU, GB (fits: at most {result['headroom']:.0%} of "
-                        f"{inputs['gpu_memory_bytes'] / gb:g} GB = {result['usable_bytes_per_gpu'] / gb:.1f} GB)")
-    columns = ["strategy", "layout", "tools", "params", "grads", "master", "optimizer"]
-    has_activations = inputs["seq_len"] is not None
-    if has_activations:
-        columns.append("activations")
-    columns += ["total", "fits"]
-    for name in columns:
-        table.add_column(name, justify="left" if name in ("strategy", "layout", "tools") else "right", no_wrap=True)
-    for row in result["strategies"]:
-        cells = [row["strategy"], row["layout"], row["tools"]] + [
-            f"{row[k] / gb:.1f}" for k in ("param_bytes", "grad_bytes", "master_bytes", "optimizer_bytes")]
-        if has_activations:
-            cells.append(f"{row['activation_bytes'] / gb:.1f}")
-        cells += [f"{row['total_bytes'] / gb:.1f}", "yes" if row["fits"] else "no"]
-        table.add_row(*cells)
-    # Never squeezed into a narrow terminal: the columns are the lesson.
-    (console if console.width >= 120 else Console(highlight=False, soft_wrap=True, width=120)).print(table)
-    if has_activations:
-        console.print(f"activations: a rough estimate, 34 bytes x seq_len x batch x width x layers (16-bit, no "
-                      f"recomputation, FlashAttention), for {inputs['layers']} layers of width {inputs['hidden']}")
-    rec = result["recommendation"]
-    console.print(f"recommendation: [bold]{rec['strategy']}[/bold]: {rec['reason']}")
-
-
-def cmd_plan(args: argparse.Namespace, extra: list[str] | None = None) -> int:
-    """The command, given parsed arguments (how `distlab plan` calls it)."""
-    try:
-        result = plan(args.params, args.gpus, args.gpu_memory, args.optimizer, args.precision, args.seq_len,
-                      args.batch, args.layers, args.hidden, args.tool)
-    except PlanError as error:
-        raise UsageError(str(error)) from None
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print_plan(result)
-    return 0

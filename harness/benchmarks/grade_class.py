@@ -1,4 +1,4 @@
-"""A class graded side by side, measured: `python -m harness.classgrade.benchmark [--jobs N]` (not a test).
+"""A class graded side by side, measured: `distlab bench class [--jobs N] [--keep DIR]` (not a test).
 
 The class: the course's DDP lab twice, the DDP program written from scratch
 (tests/programs/ddp_program.py), each mutant of tests/test_grade_mutations.py (one mistake each)
@@ -6,7 +6,8 @@ and the unused-parameters mutant, and the hostile submissions of tests/submissio
 cpu-smoke's ddp row at world size 2 (without the throughput band: each submission would otherwise
 bring three paired runs of the course lab). Prints every submission's outcome against what it must
 be, the class's total time, the time per submission against one graded alone, and the sandbox's
-cost: one correct submission graded alone with and without the sandbox, as a ratio.
+cost: one correct submission graded alone with and without the sandbox, as a ratio. It takes its
+programs, profile and rubric from the checkout's tests/ (one definition of each): a checkout only.
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ import time
 from pathlib import Path
 
 from harness.catalog import REPO
+from harness.usage import UsageError, positive_int
 
 DISTLAB = str(Path(sys.executable).parent / "distlab")
 OUTPUT_GIB = 1.0  # the course lab saves a checkpoint (ResNet-18 and its momentum: ~90 MB) in each run
 
 
 def _load_test_module(name: str):  # the test suite's own profile, rubric and mutants: one definition
+    if not (REPO / "tests" / f"{name}.py").is_file():
+        raise UsageError(f"distlab bench class builds its class from the checkout's tests/, not found in {REPO}; "
+                         "run it from a git checkout")
     sys.path.insert(0, str(REPO / "tests"))
     spec = importlib.util.spec_from_file_location(name, REPO / "tests" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
@@ -72,11 +77,13 @@ def grade(folder: Path, subs: Path, results: str, *extra: str) -> float:
     return time.monotonic() - started
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", type=int, help="submissions at once (default: grade-class's own for this host)")
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--jobs", type=positive_int,
+                        help="submissions at once (default: grade-class's own for this host)")
     parser.add_argument("--keep", type=Path, help="grade in this folder and keep it (default: a temporary one)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     folder = args.keep or Path(tempfile.mkdtemp(prefix="distlab-class-bench-"))
     folder.mkdir(parents=True, exist_ok=True)
     expected = build_class(folder)
@@ -122,6 +129,3 @@ def _points(class_dir: Path, item: str) -> float:
     summary = json.loads((class_dir / "summary.json").read_text())
     return next(i.points for i in rubric.load(Path(summary["rubric"])).items if i.name == item)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -20,7 +20,8 @@ Everything goes to <directory>/rank.<r>.json at exit, written atomically; nothin
 The hooks cost a list append per batch, a clock read and two array appends per step. Any failure of
 the observer is caught and written to <directory>/observer-errors.<pid>.txt: the program runs as it
 would without it.
-The digest functions at the end are shared with harness/observe/accuracy.py.
+The file names and the schema's name are fileformat.py's; the digests (digests.py) are shared with
+harness/observe/accuracy.py.
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ from array import array
 from collections.abc import Callable
 from typing import Any
 
-SCHEMA = "distlab-observations"
-SCHEMA_VERSION = 1
-WEIGHTS_FILE = "final_weights.pt"
+from .digests import state_digest
+from .fileformat import ERRORS_FILE, RANK_FILE, SCHEMA, SCHEMA_VERSION, WEIGHTS_FILE
+
 # Where a rank's number is before any process group exists, launcher by launcher (labs/README.md).
+_os_replace = os.replace  # the real one: ours is hooked once torch loads
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "SLURM_PROCID")
 
 _observer: Observer | None = None
@@ -117,8 +119,8 @@ class _CallbackLoader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
-class LoaderPass:
-    """One pass over one DataLoader: the indices it handed out, batch by batch."""
+class PassRecorder:
+    """One pass over one DataLoader as it happens: the indices it handed out, batch by batch."""
 
     __slots__ = ("loader", "dataset", "dataset_len", "sampler", "indices", "batch_lengths", "yielded",
                  "steps_start", "steps_end", "non_integer", "started", "images_yielded", "step_times",
@@ -179,12 +181,12 @@ class Observer:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.process_groups: list[dict[str, Any]] = []
-        self.passes: list[LoaderPass] = []
+        self.passes: list[PassRecorder] = []
         self.loaders: dict[int, tuple[int, Any]] = {}  # id(index sampler) -> (number, the sampler, kept alive)
         self.datasets: dict[int, tuple[int, Any]] = {}
         self.steps = 0
         self.step_depth = 0
-        self.last_batch_from: LoaderPass | None = None  # the pass whose batch the loop received last
+        self.last_batch_from: PassRecorder | None = None  # the pass whose batch the loop received last
         self.optimizers: list[Any] = []  # kept alive: the program's may be gone by exit
         self.model: Any = None
         self.saves: list[dict[str, Any]] = []
@@ -208,7 +210,7 @@ class Observer:
             self.errors.append(line)
         try:
             os.makedirs(self.directory, exist_ok=True)
-            with open(os.path.join(self.directory, f"observer-errors.{os.getpid()}.txt"), "a") as out:
+            with open(os.path.join(self.directory, ERRORS_FILE.format(pid=os.getpid())), "a") as out:
                 out.write(line + "\n" + "".join(traceback.format_exception(error)) + "\n")
         except OSError:
             pass
@@ -299,7 +301,7 @@ class Observer:
 
         base._next_index, base.__next__ = _next_index, __next__
 
-    def _new_pass(self, iterator: Any) -> LoaderPass:
+    def _new_pass(self, iterator: Any) -> PassRecorder:
         sampler, dataset = iterator._index_sampler, iterator._dataset
         loader = self.loaders.setdefault(id(sampler), (len(self.loaders), sampler))[0]
         dataset_number = self.datasets.setdefault(id(dataset), (len(self.datasets), dataset))[0]
@@ -308,7 +310,7 @@ class Observer:
         except TypeError:  # an iterable dataset
             dataset_len = None
         inner = getattr(sampler, "sampler", sampler)  # a BatchSampler draws from the sampler the program chose
-        new = LoaderPass(loader, dataset_number, dataset_len, type(inner).__name__, self.steps)
+        new = PassRecorder(loader, dataset_number, dataset_len, type(inner).__name__, self.steps)
         self.passes.append(new)
         return new
 
@@ -441,7 +443,7 @@ class Observer:
                 "saves": self.saves, "model": self.guard("final model", self._final_model, rank),
                 "errors": self.errors,  # the same list: the final model's errors are in it too
             }
-            _write_atomically(os.path.join(self.directory, f"rank.{rank}.json"), _json_bytes(observed))
+            _write_atomically(os.path.join(self.directory, RANK_FILE.format(rank=rank)), _json_bytes(observed))
         except Exception as error:  # noqa: BLE001
             self.error("finish", error)
 
@@ -512,37 +514,7 @@ def find_trained_model(torch: Any, optimizers: list[Any]) -> Any:
     return best
 
 
-# ------------------------------------------------------------------------------- digests (shared)
-
-
-def state_digest(state: dict[str, Any]) -> str:
-    """sha256 of a state_dict: every entry in sorted key order, each as name, dtype, shape and exact bytes.
-
-    Equal digests mean bitwise-equal states. Non-tensor entries (a module's extra state) count by repr.
-    """
-    import hashlib
-
-    import torch
-
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        value = state[name]
-        digest.update(name.encode() + b"\0")
-        if isinstance(value, torch.Tensor):
-            tensor = value.detach().cpu()
-            if tensor.layout != torch.strided:
-                tensor = tensor.to_dense()
-            tensor = tensor.resolve_conj().resolve_neg().contiguous()
-            digest.update(f"{tensor.dtype}{tuple(tensor.shape)}\0".encode())
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
-        else:
-            digest.update(f"{type(value).__name__}:{value!r}\0".encode())
-    return digest.hexdigest()
-
-
 # ----------------------------------------------------------------------------------------- files
-
-_os_replace = os.replace  # the real one: ours is hooked once torch loads
 
 
 def _json_bytes(value: Any) -> bytes:

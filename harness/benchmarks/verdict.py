@@ -2,7 +2,7 @@
 
 A student's program is timed against the course's lab, run beside it in time: lab, program, lab,
 program, lab, program, lab, each run of the program over the mean of the lab's runs around it, the
-verdict on the median of those ratios (harness/commands/grade.py, pair_references). This benchmark grades,
+verdict on the median of those ratios (harness/verdict/pairing.py, pair_references). This benchmark grades,
 --grades times each, two programs against cpu-smoke's ddp row at one world size, with --load
 CPU-bound processes running beside every grade:
 
@@ -27,12 +27,13 @@ from typing import Any
 
 from rich.table import Table
 
-from harness.commands.robustness import busy_processes
+from harness.benchmarks.load import busy_processes
+from harness.catalog import REPO
 from harness.console import console
-from harness.verdict.profiles import tomllib
+from harness.usage import UsageError
+from harness.verdict.profiles import PROFILE_DIR, tomllib
 from harness.verdict.references import PROGRAM_RATIO_FLOOR
 
-REPO = Path(__file__).resolve().parents[2]
 LAB = REPO / "labs/ddp/train.py"
 # The twice-slower mutant: the lab busy, before each optimizer step, for as long as the step took
 # until then (loading its batch included). Busy, not asleep: the scheduler hands a process that
@@ -62,23 +63,18 @@ def mutate(source: str, changes: list[tuple[str, str]]) -> str:
     return source
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="distlab bench verdict", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grades", type=int, default=10, help="grades of each program (default 10)")
     parser.add_argument("--load", type=int, default=2, help="CPU-bound processes beside every grade (default 2)")
     parser.add_argument("--world-size", type=int, choices=[1, 2], default=1, help="ranks of each run (default 1)")
     parser.add_argument("--results", type=Path, help="keep the grades here (default: a temporary folder)")
-    args = parser.parse_args(argv)
-    if args.grades < 1 or args.load < 0:
-        parser.error("--grades must be at least 1 and --load at least 0")
-    return args
 
 
 def profile_with_one_row(directory: Path, world_size: int) -> Path:
     """cpu-smoke's ddp row alone, at one world size, standing alone (no single-device row)."""
     import tomli_w
 
-    data = tomllib.loads((REPO / "harness/profiles/cpu-smoke.toml").read_text())
+    data = tomllib.loads((PROFILE_DIR / "cpu-smoke.toml").read_text())
     row = {key: value for key, value in data["labs"]["ddp"].items() if key not in ("single_device", "efficiency_min")}
     data.update(name="bench-verdict", auto_select=False, labs={"ddp": {**row, "world_sizes": [world_size]}})
     path = directory / "bench-verdict.toml"
@@ -98,8 +94,9 @@ def grade_once(profile: Path, program: Path, results: Path) -> dict[str, Any]:
     return {"verdict": ratio, "returncode": done.returncode, "tail": done.stdout.strip().splitlines()[-1:]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    if args.grades < 1 or args.load < 0:
+        raise UsageError("--grades must be at least 1 and --load at least 0")
     with tempfile.TemporaryDirectory(prefix="distlab-bench-verdict-") as scratch:
         root = args.results or Path(scratch)
         root.mkdir(parents=True, exist_ok=True)
@@ -132,6 +129,3 @@ def main(argv: list[str] | None = None) -> int:
     console.print(table)
     return 0 if ok else 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

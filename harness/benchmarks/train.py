@@ -23,17 +23,17 @@ says the machine was too busy for the ratios to be trusted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from harness.catalog import LABS
+from harness.files import write_json
 from harness.run.request import RunRequest
 from harness.run.runner import run_lab
+from harness.usage import UsageError
 from harness.verdict.references import REFERENCES
 
 NOISY_SPREAD = 1.10  # max/min of one kind's rounds above which the machine was too busy to trust the ratios
@@ -56,8 +56,7 @@ RATIOS = [
 ]
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="distlab bench train", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     parser.add_argument("--stem", choices=["cifar", "standard"],
                         help="ResNet-18 stem (default: standard on CPU, cifar on GPU)")
@@ -68,9 +67,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="OMP_NUM_THREADS of every process")
     parser.add_argument("--repeats", type=int, default=5, help="rounds; the best of each kind counts")
     parser.add_argument("--json", type=Path, help="also write the measurements and ratios here")
-    args = parser.parse_args(argv)
+
+
+def settle(args: argparse.Namespace) -> argparse.Namespace:
+    """The arguments checked, and the device's defaults filled in."""
     if args.steps <= TIMING_WARMUP_STEPS or args.repeats < 1 or args.batch_size < 1 or args.threads < 1:
-        parser.error(f"--steps must exceed {TIMING_WARMUP_STEPS}; --repeats, --batch-size, --threads >= 1")
+        raise UsageError(f"--steps must exceed {TIMING_WARMUP_STEPS}; --repeats, --batch-size, --threads >= 1")
     if args.device == "auto":
         import torch
 
@@ -103,8 +105,8 @@ def measure(kind: str, program: Path, backend: str, observe: bool, args: argpars
     return float(img_per_sec)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    args = settle(args)
 
     from rich.console import Console
     from rich.table import Table
@@ -143,13 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                       "this machine's cores, and the ratios say more about it than about the labs. Rerun on an "
                       "idle machine, or with more --repeats.")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"config": {k: str(v) if isinstance(v, Path) else v
-                                                    for k, v in vars(args).items()},
-                                         "img_per_sec": samples, "best": best, "ratios": summary,
-                                         "max_spread": spread}, indent=2))
+        write_json(args.json, {"config": {k: str(v) if isinstance(v, Path) else v
+                                          for k, v in vars(args).items() if not callable(v)},
+                               "img_per_sec": samples, "best": best, "ratios": summary, "max_spread": spread})
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """What find_unused_parameters costs per step: the lesson's measurement (labs/TRAINING.md, "Unused parameters").
 
-    torchrun --nproc-per-node 2 harness/classgrade/unused_cost.py [--steps 30] [--rounds 3] [--stem cifar]
+    torchrun --nproc-per-node 2 labs/ddp/unused_parameters_cost.py [--steps 30] [--rounds 3] [--stem cifar]
 
 The labs' model (models.build_model; the smoke runs' standard stem by default) with a second
 head that only even steps use, a branch some steps do not take; DDP over gloo, batch 32 per rank.

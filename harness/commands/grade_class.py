@@ -1,0 +1,48 @@
+"""`distlab grade-class SUBMISSIONS/`: a class's programs, each in a sandbox, side by side, into a
+gradebook, class page and feedback (harness/classgrade/; docs/grading-class.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.classgrade import bundle
+from harness.classgrade.classroom import ClassRequest, grade_class
+from harness.usage import positive_int, world_size_list
+
+DESCRIPTION = ("Each submission graded as `grade --program` grades one, in bubblewrap, side by side; gradebook, "
+               "class page, feedback (docs/grading-class.md).")
+EXAMPLES = """examples:
+  distlab grade-class submissions/ --lab ddp --profile cpu-smoke      # one folder or .py file per student
+  distlab grade-class submissions/ --rubric week4.toml --jobs 2
+  distlab grade-class submissions/ --rerun alice                      # grade one student again
+  distlab grade-class submissions/ --regrade --rubric week4-v2.toml   # new rubric, no training
+  distlab grade-class submissions/ --autograder gradescope.zip        # a Gradescope autograder bundle"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("submissions", type=Path, help="folder with one folder (or .py file) per student")
+    parser.add_argument("--lab", default="ddp", help="the lab every submission is graded as (default ddp)")
+    parser.add_argument("--profile", help="profile name or .toml (default: the one that fits this host)")
+    parser.add_argument("--rubric", type=Path, help="rubric .toml (default: harness/classgrade/rubrics/LAB.toml)")
+    parser.add_argument("--jobs", type=positive_int, help="submissions graded at once (default: cores / ranks per "
+                                                          "job on CPUs, GPUs / GPUs per job on GPU hosts)")
+    parser.add_argument("--world-sizes", type=world_size_list, help="e.g. 2 (default: the profile's)")
+    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
+    parser.add_argument("--rerun", action="append", metavar="ID", default=[], help="grade this student again")
+    parser.add_argument("--regrade", action="store_true",
+                        help="recompute verdicts and scores from the stored observations; run nothing")
+    parser.add_argument("--no-sandbox", action="store_true",
+                        help="run submissions with the grader's rights (every page says so)")
+    parser.add_argument("--lessons", help="where feedback links the lesson pages (default: this checkout)")
+    parser.add_argument("--autograder", type=Path, metavar="ZIP",
+                        help="write a Gradescope autograder bundle (setup.sh, run_autograder) and exit")
+
+
+def run(args: argparse.Namespace, lab_args: list[str]) -> int:
+    if args.autograder:
+        return bundle.write(args)
+    return grade_class(ClassRequest(
+        args.submissions, lab=args.lab, profile=args.profile, rubric=args.rubric, jobs=args.jobs,
+        world_sizes=args.world_sizes, results=args.results, rerun=tuple(args.rerun), regrade=args.regrade,
+        sandboxed=not args.no_sandbox, lessons=args.lessons))
