@@ -8,6 +8,7 @@ finished run instead, so `distlab grade > log` shows progress as it happens.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,3 +63,11 @@ def fmt(value: float | None, scale: float = 1.0, spec: str = ".4g") -> str:
 def print_json(summary: dict) -> None:
     """--json: the command's summary on stdout, one JSON document (people's output goes to stderr then)."""
     sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """Text safe for a terminal (or a page): control characters (escape sequences) shown, not obeyed."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)

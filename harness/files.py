@@ -6,6 +6,11 @@ directory make a write fail. So a file the harness did not write is read only if
 file of bounded size, opened without blocking (O_NONBLOCK) and checked with fstat; and a file the
 harness writes goes to a temporary file first and is renamed over whatever is there (a link is
 replaced, never followed; a directory in the way is set aside, never deleted).
+
+This module is the one reader of files a program could have touched (records, observations, weights,
+logs): every reader goes through `read_regular_file` (or `read_text`), so no new reader can forget.
+A folder a program writes is measured by `tree_usage`, through directory descriptors: no path is
+too long to measure, no link is followed, and what cannot be measured says so.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -27,11 +34,11 @@ class NotARegularFile(ValueError):
     """What was to be read is a FIFO, device, directory, link or too large: never read."""
 
 
-def _open_regular(path: Path, follow: bool) -> int:
+def _open_regular(path: Path | str, follow: bool, dir_fd: int | None = None) -> int:
     """A descriptor of `path` if it is a regular file; never blocks (O_NONBLOCK: a FIFO opens at once)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except OSError as error:
         if error.errno == errno.ELOOP and not follow:  # the last part is a symbolic link
             raise NotARegularFile(f"{path} is a symbolic link, not a regular file") from None
@@ -46,14 +53,15 @@ def _open_regular(path: Path, follow: bool) -> int:
     return fd
 
 
-def read_regular_file(path: Path, limit: int, *, tail: bool = False, follow: bool = False) -> bytes:
+def read_regular_file(path: Path | str, limit: int, *, tail: bool = False, follow: bool = False,
+                      dir_fd: int | None = None) -> bytes:
     """The bytes of a file the harness did not write itself, safely.
 
     Only a regular file is read (a FIFO would block, a device never end); with follow=False a
     symbolic link is refused too. Larger than `limit`: NotARegularFile, or with tail=True the last
     `limit` bytes. OSError for what the system refuses (no such file, permission).
     """
-    fd = _open_regular(Path(path), follow)
+    fd = _open_regular(path, follow, dir_fd)
     with os.fdopen(fd, "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
         if size > limit:
@@ -77,6 +85,98 @@ def _read_at_most(handle: IO[bytes], limit: int, path: Path) -> bytes:
     if len(data) > limit:
         raise NotARegularFile(f"{path} is more than the {limit} bytes allowed")
     return data
+
+
+@dataclass
+class TreeUsage:
+    """What a folder holds, counted without following a link: the disk it takes, its entries, how deep
+    it nests, the entries that are not regular files or folders, and why it could not be counted whole."""
+
+    bytes: int = 0  # st_blocks x 512 of every entry: what the folder costs the disk
+    entries: int = 0  # files, folders, links: the inodes it takes
+    depth: int = 0  # folders below the top, at the deepest
+    special: list[tuple[str, str]] = field(default_factory=list)  # (path relative to the top, its kind)
+    error: str | None = None  # the walk stopped here: the count is a floor, not the size
+
+
+# Entries that vanish or change between the listing and the look while a program runs (a temporary
+# file renamed into place, a folder replaced by a link): passed over, not an error.
+_RACES = (errno.ENOENT, errno.ELOOP, errno.ENOTDIR)
+_DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class TooDeep(ValueError):
+    """A folder nested deeper than a walk may go."""
+
+
+def walk(top: Path, max_depth: int = 64) -> Iterator[tuple[str, os.stat_result, int, str]]:
+    """Every entry below `top`, depth first: (its path from `top`, its lstat, the descriptor of the
+    folder holding it, its name). By directory descriptors, one per level open at a time: no path
+    grows past PATH_MAX, no link is followed. OSError for what the system refuses (but an entry that
+    vanishes or changes while a program runs is passed over), TooDeep past `max_depth` levels."""
+    root = os.open(top, _DIRECTORY)
+    stack: list[tuple[int, Any, str]] = []
+    try:
+        stack.append((root, os.scandir(root), ""))
+        while stack:
+            fd, listing, where = stack[-1]
+            entry = next(listing, None)
+            if entry is None:
+                listing.close()
+                os.close(fd)
+                stack.pop()
+                continue
+            name = f"{where}{entry.name}"
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError as error:
+                if error.errno in _RACES:
+                    continue
+                raise
+            yield name, info, fd, entry.name
+            if stat.S_ISDIR(info.st_mode):
+                if len(stack) >= max_depth:
+                    raise TooDeep(f"folders nested more than {max_depth} deep ({name[:200]}...)")
+                try:
+                    child = os.open(entry.name, _DIRECTORY, dir_fd=fd)
+                except OSError as error:
+                    if error.errno in _RACES:
+                        continue
+                    raise
+                stack.append((child, os.scandir(child), f"{name}/"))
+    finally:
+        for fd, listing, _ in stack:
+            listing.close()
+            os.close(fd)
+
+
+def special_kind(info: os.stat_result) -> str | None:
+    """What an entry is when it is neither a regular file nor a folder ("a symbolic link", "a FIFO"...)."""
+    if stat.S_ISLNK(info.st_mode):
+        return "a symbolic link"
+    return next((name for test, name in _KINDS[1:] if test(info.st_mode)), None)
+
+
+def tree_usage(top: Path, max_entries: int | None = None, max_depth: int = 64) -> TreeUsage:
+    """`top` measured by `walk`. Stops, with `error` set, past `max_entries` entries or `max_depth`
+    levels, or at an error the system gives."""
+    usage = TreeUsage()
+    try:
+        for name, info, _, _ in walk(top, max_depth):
+            usage.entries += 1
+            usage.bytes += info.st_blocks * 512
+            usage.depth = max(usage.depth, name.count("/"))
+            if max_entries is not None and usage.entries > max_entries:
+                usage.error = f"more than {max_entries} entries"
+                break
+            kind = special_kind(info)
+            if kind is not None:
+                usage.special.append((name, kind))
+    except TooDeep as error:
+        usage.error = str(error)
+    except (OSError, RecursionError) as error:
+        usage.error = f"could not be measured whole ({type(error).__name__}: {error})"
+    return usage
 
 
 def copy_regular_file(path: Path, out: IO[bytes]) -> int:

@@ -26,6 +26,7 @@ import tomli_w
 from conftest import DISTLAB, run_distlab
 
 from harness.classgrade import rubric, sandbox, submissions
+from harness.classgrade.outputs import csv_cell
 from harness.usage import UsageError
 from harness.verdict.profiles import tomllib
 from harness.verdict.verdicts import Verdict
@@ -113,7 +114,25 @@ EXPECTED = {
     "sleeps-forever": "stopped: ran past its wall time of",
     "forges-observations": "names pid 4242, which no process running the program had",
     "kills-observer": "no rank left observations",
+    # What a run leaves is read as hostile too (issue 36): each is named, and none reaches the grader.
+    "plants-link": "observe/observer-errors.0.txt is a symbolic link (never followed or opened)",
+    "plants-fifo": "observe/observer-errors.0.txt is a FIFO (never followed or opened)",
+    "plants-zero": "observe/final_weights.pt is a symbolic link (never followed or opened)",
+    "deep-path": "wrote more than 64 MiB into its folder",
+    "many-files": "made more than 10000 files and folders in its folder",
+    "reads-repository": "of the grader's checkout only the harness and the labs are in its sandbox",
+    "makes-namespace": "tried something only root may do",
+    "reads-environment": "it did not run to a record of its own",
+    "forges-feedback": "it did not run to a record of its own",
 }
+# Entries of the submissions folder that must not stop the class: id in the gradebook -> its reason.
+ODD_NAMES = {
+    b"caf\xe9": "not a plain student id",  # latin-1, as a zip made on Windows names it
+    b"n" * 240: "not a plain student id",
+    b'=HYPERLINK("http:example.com","grades")': "not a plain student id",
+    b"@SUM(A1)": "not a plain student id",
+}
+SECRET = "distlab-grader-secret-" + hashlib.sha256(str(os.getpid()).encode()).hexdigest()[:12]  # in the grader's env
 
 
 @pytest.fixture(scope="module")
@@ -129,14 +148,27 @@ def graded(tmp_path_factory):
     (submissions / "carol").mkdir()  # a wrong layout: two programs, neither train.py
     for name in ("a.py", "b.py"):
         (submissions / "carol" / name).write_text("print('hello')\n")
+    # A folder the grader must read without following or blocking: graded like alice.
+    (submissions / "erin").mkdir()
+    shutil.copy(CORRECT, submissions / "erin" / "train.py")
+    (submissions / "erin" / "kmsg").symlink_to("/proc/kmsg")  # blocks a reader that follows it
+    with open(os.fsencode(submissions / "erin") + b"/notes-caf\xe9.txt", "wb") as latin1:
+        latin1.write(b"latin-1 name\n")
+    (submissions / "fifo-folder").mkdir()  # a FIFO in a folder: refused before anything runs
+    shutil.copy(CORRECT, submissions / "fifo-folder" / "train.py")
+    os.mkfifo(submissions / "fifo-folder" / "pipe")
+    for name in ODD_NAMES:
+        os.mkdir(os.fsencode(submissions) + b"/" + name)
     harness_before = hashlib.sha256((REPO / "harness/verdict/verdicts.py").read_bytes()).hexdigest()
     profile, the_rubric = class_profile(folder), class_rubric(folder)
-    done = grade_class(submissions, "--profile", str(profile), "--rubric", str(the_rubric), "--jobs", "2",
-                       "--results", str(folder / "results"))
+    done = subprocess.run([DISTLAB, "grade-class", str(submissions), "--lab", "ddp", "--profile", str(profile),
+                           "--rubric", str(the_rubric), "--jobs", "2", "--results", str(folder / "results")],
+                          capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "DISTLAB_GRADER_SECRET": SECRET})
     class_dir = folder / "results/class/week4"
     return {"done": done, "folder": folder, "submissions": submissions, "class_dir": class_dir,
             "profile": profile, "rubric": the_rubric, "harness_before": harness_before,
-            "gradebook": {row["id"]: row for row in csv.DictReader((class_dir / "gradebook.csv").open())},
+            "gradebook": {row["id"]: row for row in csv.DictReader((class_dir / "gradebook.csv").open(newline=""))},
             "summary": json.loads((class_dir / "summary.json").read_text())}
 
 
@@ -154,8 +186,68 @@ def test_each_hostile_submission_is_contained_and_named_in_its_own_feedback(grad
         assert words in row["reason"], (student, row["reason"])
         feedback = (graded["class_dir"] / "feedback" / f"{student}.md").read_text()
         assert words in feedback, (student, feedback)
-        assert "docs/threat-model.md#what-a-submission-gets" in feedback
+        if student not in ("reads-environment", "forges-feedback"):  # those only crash: no sandbox finding
+            assert "docs/threat-model.md#what-a-submission-gets" in feedback
     assert "wrong layout: 2 .py files and none is train.py" in book["carol"]["reason"]
+
+
+@needs_sandbox
+@pytest.mark.integration
+@the_class
+def test_nothing_a_run_leaves_or_its_environment_reaches_a_students_feedback(graded):
+    """A link to a classmate's program, FIFOs and /dev/zero named like the observer's files: each named,
+    none opened (the class finished: a FIFO would have blocked it, /dev/zero filled its memory), and no
+    line of the files they point at shows. The grader's environment never reached a rank."""
+    class_dir = graded["class_dir"]
+    classmate = CORRECT.read_text().splitlines()[0]
+    for student in ("plants-link", "plants-fifo", "plants-zero", "reads-environment"):
+        pages = [(class_dir / "feedback" / f"{student}.{kind}").read_text() for kind in ("md", "html")]
+        pages.append((class_dir / "gradescope" / student / "results.json").read_text())
+        for text in pages:
+            assert classmate not in text and "root:" not in text and SECRET not in text, (student, text)
+    for log in class_dir.glob("jobs/reads-environment/runs/*/*/rank.*.log"):
+        text = log.read_text()
+        assert "environment:" in text and SECRET not in text and "DISTLAB_GRADER" not in text, text
+    assert len(list(class_dir.glob("jobs/reads-environment/runs/*/*/rank.*.log"))) == 2  # every rank
+    assert graded["summary"]["students"]["plants-link"]["status"] == "ungradable"
+
+
+@needs_sandbox
+@pytest.mark.integration
+@the_class
+def test_a_programs_text_is_quoted_in_its_feedback_never_obeyed(graded):
+    class_dir = graded["class_dir"]
+    markdown = (class_dir / "feedback/forges-feedback.md").read_text()
+    assert "\nScore:" not in markdown and "\n# Score" not in markdown  # no forged score line
+    quoted = next(line for line in markdown.splitlines() if "<script>" in line)
+    assert quoted.startswith("**Ungradable**: `") and quoted.endswith("`"), quoted  # a code span: shown, inert
+    assert "](javascript:" in quoted  # still there to read, inside the span: no link is made of it
+    results = json.loads((class_dir / "gradescope/forges-feedback/results.json").read_text())
+    assert results["output_format"] == "md" and results["output"].startswith("Ungradable: `")
+    assert "<script>" not in (class_dir / "feedback/forges-feedback.html").read_text()  # escaped there
+
+
+@needs_sandbox
+@pytest.mark.integration
+@the_class
+def test_odd_entries_of_the_submissions_folder_never_stop_the_class(graded):
+    """Names of latin-1 bytes, of 240 characters, spreadsheet formulas; a folder with a link to
+    /proc/kmsg and a latin-1 file name (graded, whole); a folder holding a FIFO (refused)."""
+    book, class_dir = graded["gradebook"], graded["class_dir"]
+    for name, reason in ODD_NAMES.items():
+        shown = csv_cell(submissions.shown(os.fsdecode(name)))
+        assert reason in book[shown]["reason"], (shown, book[shown])
+    assert book[csv_cell(submissions.shown("=HYPERLINK(\"http:example.com\",\"grades\")"))]["id"].startswith("'=")
+    assert all(not row["id"].startswith(("=", "+", "-", "@")) for row in book.values())
+    assert book["caf\ufffd"]["status"] == "ungradable"
+    feedback = sorted(p.name for p in (class_dir / "feedback").glob("submission-*.md"))
+    assert len(feedback) == len(ODD_NAMES)  # each under a name of its own, none of theirs
+    assert "is a FIFO; a submission holds files and folders only" in book["fifo-folder"]["reason"]
+    the_rubric = rubric.load(graded["rubric"])
+    assert book["erin"]["status"] == "graded", book["erin"]
+    for item in the_rubric.items:
+        if item.name not in NOISY:
+            assert float(book["erin"][item.name]) == item.points, (item.name, book["erin"])
 
 
 @needs_sandbox
@@ -193,7 +285,7 @@ def test_the_graders_files_and_the_machine_are_left_as_they_were(graded):
     assert processes_of(uids) == []
     assert not list(Path("/sys/fs/cgroup/pids/distlab").glob("*-fork-bomb"))
     # The disk filler was stopped near its limit: 64 MiB, and what two ranks write in one look of the monitor.
-    filled = sandbox.folder_bytes(graded["class_dir"] / "jobs/fills-disk")
+    filled = sandbox.folder_usage(graded["class_dir"] / "jobs/fills-disk", sandbox.Limits())[0].bytes
     assert filled < 1 << 30, filled
 
 
@@ -271,6 +363,66 @@ def test_a_class_stopped_by_sigterm_resumes_where_it_stopped(tmp_path):
     assert f"{EXPECTED['sleeps-forever']} 20 s" in (class_dir / "feedback/a-sleeper.md").read_text()
     once_more = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert "0 to grade" in once_more.stdout, once_more.stdout  # finished jobs are kept, not graded again
+
+
+@needs_sandbox
+@pytest.mark.integration
+def test_a_job_leaves_nothing_in_the_kernel_for_the_next_job_of_its_uid(tmp_path):
+    """Two jobs one after the other (--jobs 1: the same sandbox uid): the first may neither make a user
+    namespace nor keep a key in the uid's keyring; the second finds none."""
+    subs = tmp_path / "kernel"
+    subs.mkdir()
+    shutil.copy(HOSTILE / "makes_namespace.py", subs / "a-makes-namespace.py")
+    shutil.copy(HOSTILE / "reads_keyring.py", subs / "b-reads-keyring.py")
+    done = grade_class(subs, "--profile", str(class_profile(tmp_path)), "--rubric", str(class_rubric(tmp_path)),
+                       "--jobs", "1", "--results", str(tmp_path / "results"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    class_dir = tmp_path / "results/class/kernel"
+    assert len(job_uids(class_dir)) == 1  # one after the other, as the same uid: the channel's condition
+    made = "".join(p.read_text() for p in class_dir.glob("jobs/a-makes-namespace/runs/*/*/rank.*.log"))
+    assert "unshare(CLONE_NEWUSER): Operation not permitted" in made and "add_key: Operation not permitted" in made
+    read = "".join(p.read_text() for p in class_dir.glob("jobs/b-reads-keyring/runs/*/*/rank.*.log"))
+    assert "no key from an earlier job" in read and "read an earlier job's key" not in read, read
+
+
+# What the uid sandbox (no namespaces: a container that refuses them, such as Gradescope's) holds and
+# what it cannot: each submission's gradebook words under it.
+UID_MODE_EXPECTED = {
+    "reads-other": "tried to reach",  # the submissions folder is closed to others
+    "writes-grader": "tried to change",  # the harness is root's, read-only to every other uid
+    "fork-bomb": "started more than 512 processes",
+    "reads-environment": "it did not run to a record of its own",
+}
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="the uid sandbox needs root and setpriv")
+@pytest.mark.integration
+def test_without_namespaces_the_uid_sandbox_keeps_each_job_to_its_own(tmp_path):
+    subs = tmp_path / "week5"
+    subs.mkdir()
+    shutil.copy(CORRECT, subs / "alice.py")
+    for student in UID_MODE_EXPECTED:
+        shutil.copy(HOSTILE / f"{student.replace('-', '_')}.py", subs / f"{student}.py")
+    done = subprocess.run([DISTLAB, "grade-class", str(subs), "--lab", "ddp", "--profile", str(class_profile(tmp_path)),
+                           "--rubric", str(class_rubric(tmp_path)), "--jobs", "2", "--sandbox", "uid",
+                           "--results", str(tmp_path / "results")], capture_output=True, text=True, timeout=1800,
+                          stdin=subprocess.DEVNULL, env={**os.environ, "DISTLAB_GRADER_SECRET": SECRET})
+    assert done.returncode == 0, done.stdout + done.stderr
+    class_dir = tmp_path / "results/class/week5"
+    book = {row["id"]: row for row in csv.DictReader((class_dir / "gradebook.csv").open(newline=""))}
+    for student, words in UID_MODE_EXPECTED.items():
+        assert book[student]["status"] == "ungradable" and words in book[student]["reason"], book[student]
+    the_rubric = rubric.load(class_rubric(tmp_path))
+    assert book["alice"]["status"] == "graded", book["alice"]
+    for item in the_rubric.items:
+        if item.name not in NOISY:
+            assert float(book["alice"][item.name]) == item.points, (item.name, book["alice"])
+    assert "uid sandbox" in (class_dir / "feedback/alice.md").read_text()  # every page says which sandbox
+    assert json.loads((class_dir / "summary.json").read_text())["sandbox"] == "uid"
+    assert SECRET not in "".join(p.read_text() for p in class_dir.glob("jobs/reads-environment/runs/*/*/rank.*.log"))
+    assert not os.stat(subs).st_mode & 0o007 and not os.stat(class_dir).st_mode & 0o006  # closed to other uids
+    assert processes_of(job_uids(class_dir)) == []
 
 
 # ------------------------------------------------------------------------------------ no runs

@@ -128,7 +128,7 @@ def test_each_strategy_takes_the_single_process_steps_with_the_memory_of_its_for
     ("deepspeed", "1", "ZeRO-1"), ("deepspeed", "2", "ZeRO-2"), ("deepspeed", "3", "ZeRO-3/FSDP"),
 ])
 def test_the_planners_formula_is_what_real_ranks_hold(request, tmp_path_factory, lab, strategy, row):
-    # `distlab plan` (harness/commands/plan.py, harness/planning/memory.py) tells users what each rank will hold: the same runs, its rows.
+    # `distlab plan` (harness/planning/memory.py) tells users what each rank will hold: the same runs, its rows.
     if lab == "fsdp":
         _, runs, _ = request.getfixturevalue("fsdp_runs")
         metrics = runs[strategy][2]["metrics"]

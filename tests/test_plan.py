@@ -1,6 +1,6 @@
-"""`distlab plan` (harness/commands/plan.py, harness/planning/memory.py): the lecture's 7B / 13B / 70B examples, and the bad inputs that must
-stop with one line and exit 2. Its formula against the bytes the fsdp lab counts on real ranks:
-tests/test_parallelism.py, on the runs it makes of each strategy."""
+"""`distlab plan` (harness/commands/plan.py, harness/planning/memory.py): the lecture's 7B / 13B / 70B
+examples, and the bad inputs that must stop with one line and exit 2. Its formula against the bytes the
+fsdp lab counts on real ranks: tests/test_parallelism.py, on the runs it makes of each strategy."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from typing import Any
 from harness.catalog import REPO, find_lab
 from harness.classgrade import job as jobs
 from harness.classgrade import lessons, outputs, rubric, sandbox
-from harness.classgrade.pool import Pool, default_jobs, gpus_of
+from harness.classgrade.pool import Pool, default_jobs, gpus_of, job_deadline_s
 from harness.classgrade.submissions import Submission, find_submissions
 from harness.console import console
 from harness.files import write_json
@@ -56,8 +56,12 @@ class ClassRequest:
     results: Path = Path("results")
     rerun: tuple[str, ...] = ()
     regrade: bool = False
-    sandboxed: bool = True
+    sandbox: str = "bwrap"  # "bwrap" (namespaces), "uid" (a uid of its own, without them), "none"
     lessons: str | None = None  # where feedback links the lesson pages; None: this checkout
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.sandbox != "none"
 
     @property
     def class_dir(self) -> Path:
@@ -82,13 +86,14 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
                sandboxed: bool) -> outputs.Outcome:
     """A student's outcome from what its job stored: the verdicts recomputed (grading.judge), scored."""
     if student.problem:
-        return outputs.Outcome(student.id, "ungradable", f"wrong layout: {student.problem}", sandboxed=sandboxed)
+        return outputs.Outcome(student.id, "ungradable", f"wrong layout: {student.problem}", sandboxed=sandboxed,
+                               key=student.key)
     folder = Path(job["folder"]) if job else None
     if folder is not None and (folder / JOB_ERROR).is_file() and not (folder / jobs.OBSERVATIONS).is_file():
         return outputs.Outcome(student.id, "error", f"the grader failed: {(folder / JOB_ERROR).read_text().strip()} "
-                               f"(see {folder / 'stdout.log'})", sandboxed=sandboxed)
+                               f"(see {folder / 'stdout.log'})", sandboxed=sandboxed, key=student.key)
     if folder is None or not (folder / jobs.OBSERVATIONS).is_file():
-        return outputs.Outcome(student.id, "pending", "not graded yet", sandboxed=sandboxed)
+        return outputs.Outcome(student.id, "pending", "not graded yet", sandboxed=sandboxed, key=student.key)
     stored = json.loads((folder / jobs.OBSERVATIONS).read_text())
     done, references = jobs.samples_from_json(stored["done"]), jobs.samples_from_json(stored["references"])
     grade_plan = jobs.plan_for(job, check_runs=False)
@@ -97,7 +102,8 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
     account = stored.get("sandbox") or {}
     outcome = outputs.Outcome(student.id, "graded", "", the_rubric.score(verdicts), verdicts, account,
                               lessons.crash_lessons(_logs([_rebased(s.run_dir, job) for s in samples])),
-                              sandboxed=account.get("sandboxed", sandboxed))
+                              sandboxed=account.get("sandboxed", sandboxed), key=student.key,
+                              mode=account.get("mode", ""))
     started = [s for s in samples if s.observed or ((s.record or {}).get("provenance") or {}).get("written_by")
                not in ("harness", None)]
     if account.get("forged"):  # staff look at it: a grade resting on forged observations is none
@@ -137,13 +143,15 @@ class Classroom:
     def job_for(self, student: Submission, slot: int = 0, gpus: list[int] | None = None) -> dict[str, Any]:
         request, class_dir = self.request, self.class_dir
         hidden = {str(request.submissions.resolve()), str(class_dir), str(request.results.resolve())}
-        return {"id": student.id, "class_id": hashlib.sha256(str(class_dir).encode()).hexdigest()[:12],
+        return {"id": student.key, "class_id": hashlib.sha256(str(class_dir).encode()).hexdigest()[:12],
                 "submission": str(student.folder.resolve()) if student.path.is_dir() else str(student.path.resolve()),
                 "program": str(student.program.resolve()), "lab": request.lab,
                 "profile": str(self.probe_plan.profile.path) if self.probe_plan else request.profile,
                 "world_sizes": request.world_sizes, "limits": dataclasses.asdict(self.rubric.limits),
-                "folder": str(class_dir / "jobs" / student.id), "sandboxed": request.sandboxed, "slot": slot,
-                "gpus": gpus, "hidden": sorted(hidden), "digest": student.digest()}
+                "folder": str(class_dir / "jobs" / student.key), "sandboxed": request.sandboxed,
+                "sandbox_mode": request.sandbox, "slot": slot,
+                "gpus": gpus, "hidden": sorted(hidden), "digest": student.digest(),
+                "deadline_s": job_deadline_s(self.probe_plan) if self.probe_plan else None}
 
     def to_grade(self) -> list[Submission]:
         """The gradable students whose stored grade is missing, stale or asked for again (none on regrade)."""
@@ -151,19 +159,19 @@ class Classroom:
             return []
         todo = []
         for student in (s for s in self.students if not s.problem):
-            job = self.stored[student.id]
+            job = self.stored[student.key]
             complete = job is not None and (Path(job["folder"]) / jobs.OBSERVATIONS).is_file()
-            if student.id in self.request.rerun or not complete or job.get("digest") != student.digest() \
-                    or job.get("sandboxed") != self.request.sandboxed:
+            if student.key in self.request.rerun or not complete or job.get("digest") != student.digest() \
+                    or job.get("sandbox_mode", "bwrap" if job.get("sandboxed") else "none") != self.request.sandbox:
                 todo.append(student)
         return todo
 
     def outcome(self, student: Submission) -> outputs.Outcome:
         """The student's outcome, judged from its stored job once (when it ends, or at the end)."""
-        if student.id not in self.outcomes:
-            self.outcomes[student.id] = outcome_of(student, self.stored[student.id], self.rubric,
-                                                   self.request.sandboxed)
-        return self.outcomes[student.id]
+        if student.key not in self.outcomes:
+            self.outcomes[student.key] = outcome_of(student, self.stored[student.key], self.rubric,
+                                                    self.request.sandboxed)
+        return self.outcomes[student.key]
 
 
 def open_class(request: ClassRequest) -> Classroom:
@@ -177,7 +185,7 @@ def open_class(request: ClassRequest) -> Classroom:
         raise UsageError(f"no rubric ships for lab {request.lab}; give one with --rubric (format: {rubric.DEFAULT})")
     the_rubric = rubric.load(rubric_path)
     if request.sandboxed and not request.regrade:
-        refusal = sandbox.refusal()
+        refusal = sandbox.refusal(request.sandbox)
         if refusal:
             raise UsageError(refusal)
     class_dir = request.class_dir
@@ -188,10 +196,10 @@ def open_class(request: ClassRequest) -> Classroom:
     students = find_submissions(request.submissions)
     if not students:
         raise UsageError(f"{request.submissions} holds no submissions (one folder or .py file per student)")
-    unknown = sorted(set(request.rerun) - {s.id for s in students})
+    unknown = sorted(set(request.rerun) - {s.key for s in students})
     if unknown:
         raise UsageError(f"--rerun {', '.join(unknown)}: no such submission in {request.submissions}")
-    room = Classroom(request, the_rubric, students, {s.id: _stored_job(class_dir, s) for s in students}, None, 1)
+    room = Classroom(request, the_rubric, students, {s.key: _stored_job(class_dir, s) for s in students}, None, 1)
     gradable = [s for s in students if not s.problem]
     if gradable:
         profile = request.profile
@@ -210,7 +218,7 @@ def _profile_argument(profile: str | None) -> str | None:
 
 
 def _stored_job(class_dir: Path, student: Submission) -> dict[str, Any] | None:
-    path = class_dir / "jobs" / student.id / "job.json"
+    path = class_dir / "jobs" / student.key / "job.json"
     with contextlib.suppress(OSError, ValueError):
         job = json.loads(path.read_text())
         # Where it lies now: a results folder moved or copied still regrades (its runs rebased in outcome_of).
@@ -235,7 +243,7 @@ def run_jobs(room: Classroom, todo: list[Submission], lesson_root: str) -> None:
     KeyboardInterrupt (Ctrl-C, or SIGTERM raised as it) stops the pool's jobs first."""
     pool = Pool(room.size, room.request.sandboxed)
     queue = list(todo)
-    by_id = {s.id: s for s in room.students}
+    by_key = {s.key: s for s in room.students}
     try:
         while queue or pool.running:
             slot = pool.free_slot()
@@ -246,23 +254,27 @@ def run_jobs(room: Classroom, todo: list[Submission], lesson_root: str) -> None:
                 _set_aside(folder)
                 folder.mkdir(parents=True)
                 write_json(folder / "job.json", job)
-                room.stored[student.id] = job
-                room.outcomes.pop(student.id, None)
+                room.stored[student.key] = job
+                room.outcomes.pop(student.key, None)
                 env = dict(os.environ)
                 if job["gpus"] is not None:
                     env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job["gpus"]))
-                pool.start(slot, student.id, folder / "job.json", env)
-                console.print(f"started {student.id} (slot {slot})", markup=False)
+                pool.start(slot, student.key, folder / "job.json", env, deadline_s=job["deadline_s"],
+                           cgroup_name=f"{sandbox.job_cgroup_name(job)}-grader")
+                console.print(f"started {student.key} (slot {slot})", markup=False)
                 slot = pool.free_slot()
-            for student_id, code in pool.finished():
-                folder = Path(room.stored[student_id]["folder"])
-                if code and not (folder / jobs.OBSERVATIONS).is_file():  # the harness's failure, not the student's
+            for ended in pool.finished():
+                key, code = ended.student, ended.code
+                folder = Path(room.stored[key]["folder"])
+                if ended.reason:  # the grader's own work went wrong (a deadline, its memory): said, never scored
+                    (folder / JOB_ERROR).write_text(f"{ended.reason}\n")
+                elif code and not (folder / jobs.OBSERVATIONS).is_file():  # the harness's failure, not the student's
                     lines = jobs.read_log(folder / "stdout.log").strip().splitlines() or ["no output"]
                     (folder / JOB_ERROR).write_text(f"job exit code {code}: {lines[-1][:500]}\n")
-                outcome = room.outcome(by_id[student_id])
+                outcome = room.outcome(by_key[key])
                 outputs.write_student(room.class_dir, outcome, room.rubric, lesson_root)
                 points = f", {outcome.score:g} of {room.rubric.max_score:g}" if outcome.score is not None else ""
-                console.print(f"finished {student_id}: {outcome.status}{points}"
+                console.print(f"finished {key}: {outcome.status}{points}"
                               f"{f' (job exit code {code})' if code else ''}", markup=False)
             time.sleep(0.2)
     except KeyboardInterrupt:
@@ -276,12 +288,13 @@ def summary_of(room: Classroom, outcomes: list[outputs.Outcome], wall_seconds: f
     return {"lab": room.request.lab,
             "profile": room.probe_plan.profile.name if room.probe_plan else str(room.request.profile),
             "rubric": str(room.rubric.path), "jobs": room.size, "sandboxed": room.request.sandboxed,
+            "sandbox": room.request.sandbox,
             "submissions": len(outcomes), "graded": len(graded),
             "ungradable": sum(o.status == "ungradable" for o in outcomes),
-            "pending": [o.id for o in outcomes if o.status == "pending"],
+            "pending": [o.key for o in outcomes if o.status == "pending"],
             "mean": f"{statistics.fmean(o.score for o in graded):.2f}" if graded else "-",
             "wall_seconds": wall_seconds, "regraded": room.request.regrade, "interrupted": interrupted,
-            "students": {o.id: {"status": o.status, "score": o.score, "reason": o.reason,
+            "students": {o.key: {"id": o.id, "status": o.status, "score": o.score, "reason": o.reason,
                                 "sandbox": o.findings(), "seconds": o.seconds, "rate_ratio": o.rate_ratio,
                                 "items": {s.item.name: s.score for s in o.scores}} for o in outcomes}}
 
@@ -290,10 +303,13 @@ def grade_class(request: ClassRequest) -> int:
     """The class graded (or regraded, or resumed), then its gradebook, class page and summary written.
     A stop (Ctrl-C, SIGTERM) ends the jobs, writes what finished, and is raised again."""
     room = open_class(request)
+    if request.sandbox == "uid" and not request.regrade:
+        make_private(room)
     todo = room.to_grade()
     lesson_root = request.lessons or (REPO.as_uri() + "/")
+    mode = {"bwrap": "", "uid": " in the uid sandbox (no namespaces)", "none": " WITHOUT the sandbox"}[request.sandbox]
     console.print(f"distlab grade-class: {len(room.students)} submission(s), {len(todo)} to grade, {room.size} at "
-                  f"once{'' if request.sandboxed else ' WITHOUT the sandbox'}; {room.class_dir}", markup=False)
+                  f"once{mode}; {room.class_dir}", markup=False)
     started, interrupted = time.monotonic(), None
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -315,6 +331,24 @@ def grade_class(request: ClassRequest) -> int:
     if interrupted is not None:
         raise interrupted
     return 0
+
+
+def make_private(room: Classroom) -> None:
+    """uid mode (no namespaces hide the grader's files): what the grader writes from now on is its own
+    (umask 077), the submissions folder and the class's folder are closed to others (chmod o-rwx, each
+    job reads a copy of its own submission, job.py), and the class's folders on the way to a job's
+    runs are passable (o+x: entered by a path one knows, never listed)."""
+    os.umask(0o077)
+    request = room.request
+    for top in (request.submissions.resolve(), room.class_dir):
+        if top.is_dir():
+            for path in [top, *top.rglob("*")]:
+                if not path.is_symlink():
+                    os.chmod(path, os.stat(path).st_mode & ~0o007)
+    results = request.results.resolve()
+    for folder in (results, results / "class", room.class_dir, room.class_dir / "jobs"):
+        folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(folder, (os.stat(folder).st_mode & ~0o007) | 0o001)
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:

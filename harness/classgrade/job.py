@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import re
+import stat
 import sys
 import time
 from pathlib import Path
@@ -30,7 +31,9 @@ from typing import Any
 
 from harness import files
 from harness.catalog import REPO
-from harness.classgrade import sandbox
+from harness.classgrade import sandbox, submissions
+from harness.console import printable
+from harness.grading import samples as run_samples
 from harness.grading.execute import execute
 from harness.grading.plan import Cell, GradePlan, plan_grade
 from harness.on_ranks.observer.distlab_observer.fileformat import RANK_FILES
@@ -94,14 +97,19 @@ def refusals(run_dirs: list[Path], hidden: list[str], own: list[str]) -> list[st
     def under(path: str, roots: list[str]) -> bool:
         return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
+    shown = [str(REPO / part) for part in sandbox.REPOSITORY_PARTS]  # the checkout's parts in the sandbox
     for text in texts:
-        for _, path in PATH_ERROR.findall(text):
+        for kind, path in PATH_ERROR.findall(text):
+            path = printable(path)
             if under(path, own + [str(d) for d in run_dirs]):
                 continue
             if under(path, hidden):
                 named = f"tried to reach {path}: another submission's or the grader's, not in its sandbox"
-            elif under(path, [str(REPO)]):
+            elif under(path, shown) and kind != "FileNotFoundError":
                 named = f"tried to change {path}: the grader's own files, read-only in its sandbox"
+            elif under(path, [str(REPO)]):
+                named = (f"tried to reach {path}: of the grader's checkout only the harness and the labs are in "
+                         "its sandbox")
             else:
                 continue
             if named not in found:
@@ -130,11 +138,52 @@ def forged_observations(run_dirs: list[Path], program_pids: set[int]) -> list[st
     return found
 
 
+def entries_left(done: dict[Cell, list[Sample]]) -> tuple[list[str], list[str]]:
+    """What the program's runs left in their folders that is no regular file or folder (each sample's
+    `untrusted`, grading/samples.py): those where the grader reads (tampering), and the others."""
+    planted, left = [], []
+    for sample in (s for runs in done.values() for s in runs):
+        where = Path(sample.run_dir).name
+        tampering = set(run_samples.tampers_with_the_grader(sample.untrusted))
+        for entry in sample.untrusted:
+            (planted if entry in tampering else left).append(f"{where}/{entry} (never followed or opened)")
+    return planted, left
+
+
 def _run_ok(run_dir: Path) -> bool:
     try:
         return json.loads(files.read_regular_file(run_dir / "run.json", 1 << 20)).get("status") == "ok"
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def own_copy(job: dict[str, Any], target: Path, uid: int) -> dict[str, str]:
+    """uid mode: the submission copied where only the job's uid (and the grader) may read it, owned by
+    it, files and folders only (links are not copied), each file bounded as the submissions folder
+    reads them; the job's submission and program there."""
+    source = Path(job["submission"])
+
+    def made(path: Path, mode: int) -> None:
+        os.chown(path, uid, uid)
+        os.chmod(path, mode)  # explicitly: the grader's umask in uid mode is 077
+
+    target.mkdir()
+    made(target, 0o700)
+    if source.is_dir():
+        for name, info, fd, base in files.walk(source, submissions.MAX_DEPTH):
+            destination = target / os.fsdecode(name)
+            if stat.S_ISDIR(info.st_mode):
+                destination.mkdir()
+                made(destination, 0o700)
+            elif stat.S_ISREG(info.st_mode):
+                destination.write_bytes(files.read_regular_file(base, submissions.MAX_FILE_BYTES, dir_fd=fd))
+                made(destination, 0o600)
+        program = target / Path(job["program"]).relative_to(source)
+    else:
+        program = target / source.name
+        program.write_bytes(files.read_regular_file(source, submissions.MAX_PROGRAM_BYTES))
+        made(program, 0o600)
+    return {"submission": str(target), "program": str(program)}
 
 
 def run_job(job_path: Path) -> int:
@@ -144,13 +193,16 @@ def run_job(job_path: Path) -> int:
     cgroup = monitor = None
     prefix: list[str] = []
     uid = claim = None
+    mode = job.get("sandbox_mode", "bwrap" if job["sandboxed"] else "none")
     if job["sandboxed"]:
         uid, claim = sandbox.claim_uid()  # held until this process ends: the uid is this job's alone
-        cgroup = sandbox.Cgroup.create(f"{job['class_id']}-{job['id']}", limits)
+        if mode == "uid":  # the submissions folder is closed to the job's uid: it reads a copy of its own
+            job = {**job, **own_copy(job, folder / "submission", uid)}
+        cgroup = sandbox.Cgroup.create(sandbox.job_cgroup_name(job), limits)
         spec = sandbox.Spec(uid=uid, limits=dataclasses.asdict(limits),
                             read_only=sandbox.base_read_only() + job.get("data", []), hidden=job["hidden"],
                             own=[job["submission"]], cgroup_procs=cgroup.procs_files() if cgroup else [],
-                            gpus=job.get("gpus"))
+                            gpus=job.get("gpus"), mode=mode, job_folder=str(folder))
         prefix = sandbox.prefix(spec.write(folder / "sandbox.json"))
     grade_plan = plan_for(job, prefix)
     done: dict[Cell, list[Sample]] = {}
@@ -174,11 +226,13 @@ def run_job(job_path: Path) -> int:
     if monitor is not None and any("timed out after" in (s.reason or "") for runs in done.values()
                                    for s in runs):
         monitor.breaches.append(limits.breach("wall"))  # the runner's watchdog ended it
-    account = {"sandboxed": job["sandboxed"], "cgroup": cgroup is not None,
+    planted, left = entries_left(done)
+    account = {"sandboxed": job["sandboxed"], "mode": mode, "cgroup": cgroup is not None,
                "breaches": monitor.breaches if monitor else [],
                "refusals": refusals(program_runs, job["hidden"], [job["submission"]]),
-               "forged": forged_observations(program_runs, monitor.program_pids)
-               if monitor is not None and cgroup is not None else [],
+               "forged": planted + (forged_observations(program_runs, monitor.program_pids)
+                                    if monitor is not None and cgroup is not None else []),
+               "left": left,
                "peak_memory_bytes": peak if cgroup is not None else None,
                "peak_output_bytes": monitor.peak_bytes if monitor else None}
     files.write_json(folder / OBSERVATIONS, {

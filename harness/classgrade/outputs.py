@@ -22,11 +22,19 @@ from typing import Any
 from harness.classgrade import lessons
 from harness.classgrade.rubric import Rubric, Score
 from harness.files import write_bytes, write_json
-from harness.report.pages import figures, md_cell, page
+from harness.report.pages import figures, md_cell, md_code, md_name, page
 from harness.verdict.verdicts import Verdict
 
 UNSANDBOXED = ("Graded WITHOUT the sandbox (--no-sandbox): submissions ran with the grader's rights; "
                "limits, network and file isolation were not enforced.")
+UID_ONLY = ("Graded in the uid sandbox (--sandbox uid, where namespaces are refused): each submission ran as a "
+            "uid of its own with its limits, the grader's files private to it; the network and the host's "
+            "world-readable files were not hidden (docs/threat-model.md).")
+
+
+def mode_banner(mode: str) -> str:
+    """What every page of a grade says of its sandbox: nothing for bubblewrap's, else what it lacked."""
+    return {"bwrap": "", "uid": UID_ONLY, "none": UNSANDBOXED}.get(mode, UNSANDBOXED)
 
 
 @dataclass
@@ -43,33 +51,51 @@ class Outcome:
     seconds: float | None = None  # the program's runs, wall time (mean)
     rate_ratio: float | None = None  # its harness-timed rate over the course lab's beside it, where measured
     sandboxed: bool = True
+    mode: str = ""  # the sandbox it was graded in: "bwrap", "uid" or "none" ("" : by `sandboxed`)
+    key: str = ""  # what its files are named (submissions.key_of): the id where it is a plain student id
+
+    def __post_init__(self) -> None:
+        self.key = self.key or self.id
+        self.mode = self.mode or ("bwrap" if self.sandboxed else "none")
 
     @property
     def score(self) -> float | None:
         return sum(s.score for s in self.scores) if self.status == "graded" else None
 
     def findings(self) -> list[str]:
-        """The sandbox's account, one sentence each: breaches first, then refusals, then forgery."""
+        """The sandbox's account, one sentence each: breaches first, then refusals, then forgery, then
+        what it left in its folder that the grader never opened."""
         account = self.sandbox or {}
         return ([f"stopped: {text}" for text in account.get("breaches", [])]
                 + [f"the sandbox refused it: it {text}" for text in account.get("refusals", [])]
-                + [f"tampering: {text}" for text in account.get("forged", [])])
+                + [f"tampering: {text}" for text in account.get("forged", [])]
+                + [f"left in its folder: {text}" for text in account.get("left", [])])
 
 
 def number(value: float | None) -> str:
     return "" if value is None else f"{value:g}"
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet takes for a formula (OWASP's list)
+
+
+def csv_cell(text: str) -> str:
+    """Text for a spreadsheet cell as text: one that would start a formula (`=HYPERLINK(...)`, `@SUM(...)`)
+    gets a leading apostrophe, which every spreadsheet reads as "this is text"."""
+    return f"'{text}" if text.startswith(FORMULA_START) else text
+
+
 def gradebook_csv(path: Path, rubric: Rubric, outcomes: list[Outcome]) -> None:
     """One row per student, the columns an LMS imports: an ungradable submission has no score (never a silent 0)."""
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(["id", "score", "max", "status", *(item.name for item in rubric.items), "reason"])
+    writer.writerow([csv_cell(name) for name in ["id", "score", "max", "status", *(i.name for i in rubric.items),
+                                                  "reason"]])
     for outcome in outcomes:
         items = [number(s.score) for s in outcome.scores] if outcome.status == "graded" else [""] * len(rubric.items)
         reason = outcome.reason or "; ".join(outcome.findings())
-        writer.writerow([outcome.id, number(outcome.score), number(rubric.max_score), outcome.status, *items,
-                         reason.replace("\n", " ")])
+        writer.writerow([csv_cell(outcome.id), number(outcome.score), number(rubric.max_score), outcome.status, *items,
+                         csv_cell(" ".join(reason.split()))])
     write_bytes(path, text.getvalue().encode())
 
 
@@ -110,11 +136,13 @@ def _visible_scores(outcome: Outcome, rubric: Rubric) -> list[Score]:
 
 def feedback_markdown(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str:
     shown = _visible_scores(outcome, rubric)
-    lines = [f"# {outcome.id}: {rubric.name}", ""]
-    if not outcome.sandboxed:
-        lines += [f"**{UNSANDBOXED}**", ""]
+    # What a program wrote (its errors, its folder's names) is quoted as code: it can add no heading,
+    # no score line, no link and no HTML to the page.
+    lines = [f"# {md_name(outcome.id)}: {rubric.name}", ""]
+    if mode_banner(outcome.mode):
+        lines += [f"**{mode_banner(outcome.mode)}**", ""]
     if outcome.status != "graded":
-        lines += [f"**Ungradable**: {outcome.reason}", ""]
+        lines += [f"**Ungradable**: {md_code(outcome.reason)}", ""]
     else:
         earned, most = sum(s.score for s in shown), sum(s.item.points for s in shown)
         hidden = len(outcome.scores) - len(shown)
@@ -128,7 +156,7 @@ def feedback_markdown(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str
         lines += ["## What to fix", ""]
         for f in found:
             where = f" (world size {f.world_size})" if f.world_size else ""
-            lines += [f"### {f.check}{where}", "", f"- What the grader saw: {f.saw}"]
+            lines += [f"### {md_name(f.check)}{where}", "", f"- What the grader saw: {md_code(f.saw)}"]
             if f.lesson:
                 lines += [f"- What it means: {f.lesson.meaning}", f"- The fix: {f.lesson.fix}",
                           f"- Lesson: [{f.lesson.section}]({lesson_root}{f.lesson.section})"]
@@ -142,8 +170,8 @@ def feedback_html(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str:
     e = html.escape
     shown = _visible_scores(outcome, rubric)
     parts = [f"<h1>{e(outcome.id)}: {e(rubric.name)}</h1>"]
-    if not outcome.sandboxed:
-        parts.append(f"<p class='fail'><b>{e(UNSANDBOXED)}</b></p>")
+    if mode_banner(outcome.mode):
+        parts.append(f"<p class='fail'><b>{e(mode_banner(outcome.mode))}</b></p>")
     if outcome.status != "graded":
         parts.append(f"<p class='fail'><b>Ungradable</b>: {e(outcome.reason)}</p>")
     else:
@@ -177,22 +205,25 @@ GRADESCOPE_VISIBILITY = {"visible": "visible", "hidden": "hidden", "after_due_da
 
 
 def gradescope_results(outcome: Outcome, rubric: Rubric) -> dict[str, Any]:
-    """Gradescope's results.json: score, tests[] (name, score, max_score, status, output, visibility)."""
+    """Gradescope's results.json: score, tests[] (name, score, max_score, status, output, visibility).
+    Its outputs are Markdown (output_format "md"), what a program wrote quoted as code in them."""
     if outcome.status != "graded":
-        return {"score": 0.0, "output": f"Ungradable: {outcome.reason}", "visibility": "visible",
-                "stdout_visibility": "hidden", "tests": []}
+        return {"score": 0.0, "output": f"Ungradable: {md_code(outcome.reason)}", "output_format": "md",
+                "visibility": "visible", "stdout_visibility": "hidden", "tests": []}
     tests = []
     for s in outcome.scores:
-        said = [f"{v.check}{f' (world size {v.world_size})' if v.world_size else ''}: {v.detail}" for v in s.failed]
+        said = [f"{md_name(v.check)}{f' (world size {v.world_size})' if v.world_size else ''}: {md_code(v.detail)}"
+                for v in s.failed]
         lesson = [f"{lesson.fix} See {lesson.section}." for v in s.failed if (lesson := lessons.lesson_for(v.check))]
         tests.append({"name": s.item.name, "score": s.score, "max_score": s.item.points,
                       "status": "passed" if s.passed else "failed",
-                      "output": "\n".join(said + lesson) or ("passed" if s.passed else "not reached: the run "
-                                                             "ended before this was checked"),
-                      "visibility": GRADESCOPE_VISIBILITY[s.item.visibility]})
-    output = "\n".join(outcome.findings() + ([UNSANDBOXED] if not outcome.sandboxed else []))
-    return {"score": outcome.score, "output": output, "visibility": "visible", "stdout_visibility": "hidden",
-            "tests": tests}
+                      "output": "\n\n".join(said + lesson) or ("passed" if s.passed else "not reached: the run "
+                                                                 "ended before this was checked"),
+                      "output_format": "md", "visibility": GRADESCOPE_VISIBILITY[s.item.visibility]})
+    output = "\n\n".join([md_code(text) for text in outcome.findings()]
+                         + ([f"**{mode_banner(outcome.mode)}**"] if mode_banner(outcome.mode) else []))
+    return {"score": outcome.score, "output": output, "output_format": "md", "visibility": "visible",
+            "stdout_visibility": "hidden", "tests": tests}
 
 
 # ------------------------------------------------------------------------------------ class page
@@ -251,10 +282,12 @@ def class_page(out_dir: Path, rubric: Rubric, outcomes: list[Outcome], summary: 
         return f"<tr><td>{e(o.id)}</td><td>{ratio}</td><td>{o.seconds:.1f}</td></tr>"
     speed = "".join(speed_row(o) for o in (timed[:3] + [o for o in timed[-3:] if o not in timed[:3]]))
     students = "".join(
-        f"<tr class='{'fail' if o.status != 'graded' else ''}'><td><a href='feedback/{e(o.id)}.html'>{e(o.id)}</a></td>"
+        f"<tr class='{'fail' if o.status != 'graded' else ''}'>"
+        f"<td><a href='feedback/{e(o.key)}.html'>{e(o.id)}</a></td>"
         f"<td>{number(o.score)}</td><td>{e(o.status)}</td><td>{e(o.reason or '; '.join(o.findings()))}</td></tr>"
         for o in outcomes)
-    banner = f"<p class='fail'><b>{e(UNSANDBOXED)}</b></p>" if not summary.get("sandboxed", True) else ""
+    said = mode_banner(summary.get("sandbox", "bwrap" if summary.get("sandboxed", True) else "none"))
+    banner = f"<p class='fail'><b>{e(said)}</b></p>" if said else ""
     body = f"""<h1>{e(rubric.name)}: {len(outcomes)} submission(s)</h1>{banner}
 <p>Lab <b>{e(summary['lab'])}</b>, profile <b>{e(summary['profile'])}</b>, {summary['jobs']} job(s) side by side;
 {summary['graded']} graded, {summary['ungradable']} ungradable; mean score {summary['mean']} of {rubric.max_score:g};
@@ -276,7 +309,6 @@ the program's runs.</p>
 
 def write_student(out_dir: Path, outcome: Outcome, rubric: Rubric, lesson_root: str) -> None:
     (out_dir / "feedback").mkdir(parents=True, exist_ok=True)
-    write_bytes(out_dir / "feedback" / f"{outcome.id}.md", feedback_markdown(outcome, rubric, lesson_root).encode())
-    write_bytes(out_dir / "feedback" / f"{outcome.id}.html", feedback_html(outcome, rubric, lesson_root).encode())
-    (out_dir / "gradescope" / outcome.id).mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / "gradescope" / outcome.id / "results.json", gradescope_results(outcome, rubric))
+    write_bytes(out_dir / "feedback" / f"{outcome.key}.md", feedback_markdown(outcome, rubric, lesson_root).encode())
+    write_bytes(out_dir / "feedback" / f"{outcome.key}.html", feedback_html(outcome, rubric, lesson_root).encode())
+    write_json(out_dir / "gradescope" / outcome.key / "results.json", gradescope_results(outcome, rubric))

@@ -3,7 +3,7 @@
     name = "DDP, week 4"
     due = 2026-12-10T23:59:00Z            # optional; items visible "after_due_date" are hidden before it
     [limits]                              # the sandbox's (sandbox.Limits), all optional
-    memory_gib = 6, processes = 512, open_files = 4096, output_gib = 2, wall_s = 300
+    memory_gib = 6, processes = 512, open_files = 4096, output_gib = 2, wall_s = 300, files = 10000, depth = 32
     [[items]]
     name = "each rank its own shard"      # a gradebook column
     checks = ["observed:shards_*"]        # verdict names (fnmatch patterns), at every world size
@@ -152,7 +152,7 @@ def load(path: Path | None = None) -> Rubric:
         raise _fail(path, "two items have the same name (each is a gradebook column)")
     limits = data.get("limits") or {}
     units = {"memory_gib": ("memory_bytes", GIB), "output_gib": ("output_bytes", GIB), "processes": ("processes", 1),
-             "open_files": ("open_files", 1), "wall_s": ("wall_s", 1)}
+             "open_files": ("open_files", 1), "wall_s": ("wall_s", 1), "files": ("files", 1), "depth": ("depth", 1)}
     if set(limits) - set(units):
         raise _fail(path, f"[limits] knows only {', '.join(units)}")
     values = {}

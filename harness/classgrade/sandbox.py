@@ -39,6 +39,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -75,14 +76,26 @@ class Limits:
     open_files: int = 4096
     output_bytes: int = 2 * GIB
     wall_s: float | None = None  # None: the profile's own (twice each lab's time budget)
+    # Entries (files, folders, links) in its folder: a run of the course's labs leaves under 100 (logs,
+    # observations, a checkpoint per epoch); each costs the host an inode, and 200k were made in 8 s.
+    files: int = 10000
+    depth: int = 32  # folders below its run folder: the labs' deepest is 2 (logs/<run>/attempt_0/<rank>)
 
     def breach(self, what: str) -> str:
         return {"memory": f"used more than {size_text(self.memory_bytes)} of memory",
                 "processes": f"started more than {self.processes} processes",
                 "output": f"wrote more than {size_text(self.output_bytes)} into its folder",
+                "files": f"made more than {self.files} files and folders in its folder",
+                "depth": f"nested folders more than {self.depth} deep in its folder",
+                "unmeasurable": "left its folder in a state the grader could not measure",
                 "open_files": f"opened more than {self.open_files} files at once",
                 "file_size": f"wrote a file larger than {size_text(self.output_bytes)}",
                 "wall": f"ran past its wall time{f' of {self.wall_s:g} s' if self.wall_s else ''}"}[what]
+
+
+def job_cgroup_name(job: dict[str, Any]) -> str:
+    """The cgroup of a job's runs (job.py makes it, the pool removes it if the job could not)."""
+    return f"{job['class_id']}-{job['id']}"
 
 
 def bwrap_path() -> str | None:
@@ -100,19 +113,43 @@ def available() -> str | None:
     return None
 
 
-def refusal() -> str | None:
-    """None where grade-class can sandbox its jobs here, else the one line that says why not and what to do."""
-    problem = available()
-    if problem:
-        return problem
+def refusal(mode: str = "bwrap") -> str | None:
+    """None where grade-class can sandbox its jobs here in `mode`, else the one line that says why not
+    and what to do."""
+    if mode == "uid":
+        for needed in ("setpriv", "prlimit"):
+            if shutil.which(needed) is None:
+                return f"{needed} (util-linux) is not installed; install util-linux, or pass --no-sandbox"
+    else:
+        problem = available()
+        if problem:
+            return problem
     if os.geteuid() != 0:
         return ("the sandbox gives each job a uid and a cgroup of its own, which needs root; run grade-class as "
                 "root (a course's grading host or container), or pass --no-sandbox")
+    if mode == "uid":
+        return uid_refusal()
     probe = subprocess.run([bwrap_path(), "--unshare-net", "--unshare-pid", "--ro-bind", "/", "/", "true"],
                            capture_output=True, text=True, timeout=30)
     if probe.returncode != 0:
         return (f"bubblewrap cannot make namespaces here ({probe.stderr.strip()[:200]}); allow them (a privileged "
-                "container) or pass --no-sandbox")
+                "container), grade with --sandbox uid (a uid of its own, without namespaces), or pass --no-sandbox")
+    return None
+
+
+def uid_refusal() -> str | None:
+    """uid mode: the job's uid must reach the environment and the repository's harness and labs (the
+    ranks import them) through folders others may enter; one line saying what is closed, else None."""
+    from harness.catalog import REPO
+
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import harness.on_ranks, labs.common.contract"
+    probe = subprocess.run(["setpriv", f"--reuid={FIRST_UID + UIDS - 1}", f"--regid={FIRST_UID + UIDS - 1}",
+                            "--clear-groups", sys.executable, "-I", "-c", code, str(REPO)],
+                           capture_output=True, text=True, timeout=60, cwd="/")
+    if probe.returncode != 0:
+        return (f"a job's uid cannot read {sys.prefix} or {REPO}'s harness and labs "
+                f"({(probe.stderr.strip().splitlines() or ['?'])[-1][:160]}); make them and the folders above them "
+                "readable by others (chmod o+rX), or grade from a checkout there")
     return None
 
 
@@ -126,25 +163,43 @@ class Cgroup:
         self.dirs, self.version = dirs, version
 
     @classmethod
-    def create(cls, name: str, limits: Limits) -> Cgroup | None:
+    def layout(cls, name: str) -> Cgroup | None:
+        """Where the cgroup of this name lives on this host (made or not): v2 where its memory and pids
+        controllers are there, else v1's two hierarchies; None where neither is."""
         unified = CGROUP_ROOT / "cgroup.controllers"
-        try:
+        with contextlib.suppress(OSError):
             if unified.is_file() and {"memory", "pids"} <= set(unified.read_text().split()):
+                top = CGROUP_ROOT / "distlab"
+                return cls({"memory": top / name, "pids": top / name}, 2)
+        if (CGROUP_ROOT / "memory").is_dir() and (CGROUP_ROOT / "pids").is_dir():
+            return cls({kind: CGROUP_ROOT / kind / "distlab" / name for kind in ("memory", "pids")}, 1)
+        return None
+
+    @classmethod
+    def create(cls, name: str, limits: Limits) -> Cgroup | None:
+        group = cls.layout(name)
+        try:
+            if group is None:
+                return None
+            if group.version == 2:
                 top = CGROUP_ROOT / "distlab"
                 top.mkdir(exist_ok=True)
                 with contextlib.suppress(OSError):
                     (top / "cgroup.subtree_control").write_text("+memory +pids")
-                group = cls({"memory": top / name, "pids": top / name}, 2)
-            elif (CGROUP_ROOT / "memory").is_dir() and (CGROUP_ROOT / "pids").is_dir():
-                group = cls({kind: CGROUP_ROOT / kind / "distlab" / name for kind in ("memory", "pids")}, 1)
-            else:
-                return None
             for path in set(group.dirs.values()):
                 path.mkdir(parents=True, exist_ok=True)
             group.limit(limits)
             return group
         except OSError:
             return None
+
+    @classmethod
+    def remove_named(cls, name: str) -> None:
+        """Kill what is in the cgroup of this name and remove it, where it is left (a job ended before
+        its own clean-up); nothing where there is none."""
+        group = cls.layout(name)
+        if group is not None and any(path.is_dir() for path in group.dirs.values()):
+            group.remove()
 
     def _write(self, kind: str, name: str, value: str) -> None:
         (self.dirs[kind] / name).write_text(value)
@@ -229,6 +284,10 @@ class Spec:
     cgroup_procs: list[str] = field(default_factory=list)  # cgroup.procs files the entering process joins
     gpus: list[int] | None = None  # GPU indices of this job: only their device files bound
     env: dict[str, str] = field(default_factory=dict)
+    # "bwrap": the namespaces above; "uid": where namespaces are refused (a container), the job's uid,
+    # its limits and its cgroup alone (uid_argv), with the grader's files made private (make_private).
+    mode: str = "bwrap"
+    job_folder: str = ""  # uid mode: the folders from here down to a run's are made passable to the uid
 
     def write(self, path: Path) -> Path:
         from harness.files import write_json  # here: the entering program has only the standard library
@@ -237,13 +296,20 @@ class Spec:
         return path
 
 
+# Of the repository, what a run reads: the harness (the observer, the reference loops) and the labs
+# (the course's programs, labs/common). Never the rest: .git, caches, earlier results, another week's
+# submissions kept in the checkout.
+REPOSITORY_PARTS = ("harness", "labs")
+
+
 def base_read_only(python: str = sys.executable) -> list[str]:
-    """What every run needs to read: the system, the interpreter the environment was made from, the repository."""
+    """What every run needs to read: the system, the interpreter the environment was made from, the
+    environment, the repository's harness and labs."""
     from harness.catalog import REPO  # imported here: the entering program has only the standard library
 
     prefixes = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.prefix)}
     interpreter = Path(os.path.realpath(python)).parent.parent  # the venv's python: a link into its base prefix
-    return sorted({"/usr", "/etc", str(REPO), str(interpreter), *prefixes})
+    return sorted({"/usr", "/etc", *(str(REPO / part) for part in REPOSITORY_PARTS), str(interpreter), *prefixes})
 
 
 def _under(path: str, roots: list[str]) -> bool:
@@ -262,10 +328,82 @@ def _parents(path: str, made: set[str]) -> list[str]:
     return args
 
 
-def bwrap_argv(spec: Spec, run_dir: str, command: list[str], tool: str = "bwrap") -> list[str]:
-    limits = Limits(**spec.limits)
+# ------------------------------------------------------------------------------------ seccomp
+
+# System calls refused inside the sandbox, where the namespaces leave a way out or a channel:
+# the kernel's keyrings are per uid and outlive a job (a later job could read a key an earlier one
+# left), and a user namespace made inside would give the program capabilities over its own mounts.
+# (name: x86_64 number, aarch64 number); clone and unshare are refused with CLONE_NEWUSER only.
+SYSCALLS = {"keyctl": (250, 219), "add_key": (248, 217), "request_key": (249, 218),
+            "unshare": (272, 97), "clone": (56, 220), "clone3": (435, 435)}
+ARCHES = {"x86_64": (0xC000003E, 0), "aarch64": (0xC00000B7, 1)}  # AUDIT_ARCH_*, column in SYSCALLS
+CLONE_NEWUSER = 0x10000000
+X32_SYSCALL_BIT = 0x40000000
+_LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ/JGE/JSET|K, BPF_RET|K
+_ALLOW, _ERRNO = 0x7FFF0000, 0x00050000  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | errno
+
+
+def seccomp_filter(machine: str | None = None) -> bytes | None:
+    """The sandbox's seccomp program (classic BPF, as bwrap --seccomp takes it) for this machine's
+    architecture; None on another (then the namespaces alone hold). System calls of another ABI
+    (i386's int 0x80, x32 on x86_64) get ENOSYS: their numbers differ and would slip past."""
+    import errno
+    import platform
+    import struct
+
+    arch = ARCHES.get(machine or platform.machine())
+    if arch is None:
+        return None
+    audit_arch, column = arch
+    number = {name: numbers[column] for name, numbers in SYSCALLS.items()}
+    eperm, enosys = _ERRNO | errno.EPERM, _ERRNO | errno.ENOSYS
+    # (code, jump if true -> label, jump if false -> label, k); labels resolved below.
+    program: list[tuple[int, str | None, str | None, int]] = [
+        (_LD_ABS, None, None, 4),  # seccomp_data.arch
+        (_JEQ, None, "enosys", audit_arch),
+        (_LD_ABS, None, None, 0),  # seccomp_data.nr
+        *([(_JGE, "enosys", None, X32_SYSCALL_BIT)] if audit_arch == ARCHES["x86_64"][0] else []),
+        *((_JEQ, "eperm", None, number[name]) for name in ("keyctl", "add_key", "request_key")),
+        (_JEQ, "enosys", None, number["clone3"]),  # its flags are in memory a filter cannot read: libc falls back
+        (_JEQ, "flags", None, number["unshare"]),
+        (_JEQ, "flags", None, number["clone"]),
+        (_RET, None, None, _ALLOW),
+        ("flags", _LD_ABS, None, None, 16),  # args[0], its low 32 bits: the flags of clone and unshare
+        (_JSET, "eperm", None, CLONE_NEWUSER),
+        (_RET, None, None, _ALLOW),
+        ("eperm", _RET, None, None, eperm),
+        ("enosys", _RET, None, None, enosys),
+    ]
+    labels, steps = {}, []
+    for step in program:
+        if isinstance(step[0], str):
+            labels[step[0]] = len(steps)
+            step = step[1:]
+        steps.append(step)
+    out = b""
+    for index, (code, if_true, if_false, k) in enumerate(steps):
+        jump = {None: 0, **{name: target - index - 1 for name, target in labels.items()}}
+        out += struct.pack("=HBBI", code, jump[if_true], jump[if_false], k)
+    return out
+
+
+def _seccomp_fd() -> int | None:
+    """The filter in a memory file bwrap reads (--seccomp FD); None where there is none for this machine."""
+    program = seccomp_filter()
+    if program is None:
+        return None
+    fd = os.memfd_create("distlab-seccomp", 0)
+    os.write(fd, program)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.set_inheritable(fd, True)
+    return fd
+
+
+def bwrap_argv(spec: Spec, run_dir: str, command: list[str], tool: str = "bwrap", seccomp_fd: int | None = None
+               ) -> list[str]:
     argv = [tool, "--die-with-parent", "--new-session", "--unshare-net", "--unshare-pid", "--unshare-ipc",
-            "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
+            "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox",
+            *(["--seccomp", str(seccomp_fd)] if seccomp_fd is not None else [])]
     made: set[str] = set()
     for name in ("bin", "lib", "lib64", "sbin"):  # merged-/usr systems: links; otherwise the folders themselves
         host = Path("/") / name
@@ -315,11 +453,36 @@ def bwrap_argv(spec: Spec, run_dir: str, command: list[str], tool: str = "bwrap"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
     for name, value in env.items():
         argv += ["--setenv", name, value]
-    argv += ["--", "setpriv", f"--reuid={spec.uid}", f"--regid={spec.uid}", "--clear-groups", "--no-new-privs",
-             "--inh-caps=-all", "--bounding-set=-all",
-             "prlimit", f"--nofile={limits.open_files}", f"--nproc={limits.processes}",
-             f"--fsize={limits.output_bytes}", "--core=0", "--", *command]
-    return argv
+    return argv + ["--", *as_the_jobs_uid(spec, command)]
+
+
+def as_the_jobs_uid(spec: Spec, command: list[str]) -> list[str]:
+    """`command` as the job's uid and gid (never root), no capabilities, no_new_privs, and its rlimits."""
+    limits = Limits(**spec.limits)
+    return ["setpriv", f"--reuid={spec.uid}", f"--regid={spec.uid}", "--clear-groups", "--no-new-privs",
+            "--inh-caps=-all", "--bounding-set=-all",
+            "prlimit", f"--nofile={limits.open_files}", f"--nproc={limits.processes}",
+            f"--fsize={limits.output_bytes}", "--core=0", "--", *command]
+
+
+def uid_argv(spec: Spec, run_dir: str, command: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The uid mode's command and environment: no namespaces (a container that refuses them), so the
+    job's uid, its rlimits, its cgroup and the files made private are what keep it in. A /tmp of its own
+    inside the run directory."""
+    private_tmp = os.path.join(run_dir, "tmp")
+    env = {**os.environ, "HOME": private_tmp, "TMPDIR": private_tmp, "GLOO_SOCKET_IFNAME": "lo", **spec.env}
+    if spec.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
+    return as_the_jobs_uid(spec, command), env
+
+
+def passable(run_dir: str, job_folder: str) -> None:
+    """uid mode: the folders from the job's folder down to the run's passable (o+x: entered by a path
+    it knows, never listed) to the job's uid; everything the grader writes is private (umask 077)."""
+    path = Path(run_dir).parent
+    while job_folder and (path == Path(job_folder) or Path(job_folder) in path.parents):
+        os.chmod(path, os.stat(path).st_mode | 0o001)
+        path = path.parent
 
 
 def prefix(spec_path: Path, python: str = sys.executable) -> list[str]:
@@ -338,10 +501,17 @@ def enter(argv: list[str]) -> None:
     spec = Spec(**json.loads(Path(spec_path).read_text()))
     for procs in spec.cgroup_procs:
         Path(procs).write_text(str(os.getpid()))  # exec keeps the pid: bwrap and all it starts are in it
-    for folder in (run_dir, os.path.join(run_dir, "logs")):
+    if spec.mode == "uid":
+        os.makedirs(os.path.join(run_dir, "tmp"), mode=0o700, exist_ok=True)
+        passable(run_dir, spec.job_folder)
+    for folder in (run_dir, os.path.join(run_dir, "logs"), *([os.path.join(run_dir, "tmp")] if spec.mode == "uid"
+                                                              else [])):
         os.chown(folder, spec.uid, spec.uid)  # the launcher's logs and the observer's files are written there
+    if spec.mode == "uid":
+        argv, env = uid_argv(spec, run_dir, command)
+        os.execvpe(argv[0], argv, env)
     tool = shutil.which("bwrap") or "bwrap"
-    os.execv(tool, bwrap_argv(spec, run_dir, command, tool))
+    os.execv(tool, bwrap_argv(spec, run_dir, command, tool, seccomp_fd=_seccomp_fd()))
 
 
 def _lock(uid: int) -> int | None:
@@ -396,13 +566,20 @@ def end_processes_of(uid: int, within_s: float = 60.0) -> list[int]:
 
 # --------------------------------------------------------------------------------- watching a job
 
-def folder_bytes(folder: Path) -> int:
-    total = 0
-    for root, dirs, files in os.walk(folder, onerror=lambda _: None):
-        for name in files + dirs:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-    return total
+def folder_usage(folder: Path, limits: Limits) -> tuple[Any, str | None]:
+    """The job's folder measured (harness/files.tree_usage: by directory descriptors, no link followed),
+    and the breach it is, if any: too large, too many entries, too deep, or not measurable at all
+    (then the walk's error is the breach: a folder the grader cannot measure is not under its limit)."""
+    from harness.files import tree_usage  # here: the entering program has only the standard library
+
+    usage = tree_usage(folder, max_entries=limits.files, max_depth=limits.depth)
+    if usage.bytes > limits.output_bytes:
+        return usage, "output"
+    if usage.error is None:
+        return usage, None
+    if usage.entries > limits.files:
+        return usage, "files"
+    return usage, "depth" if usage.error.startswith("folders nested") else "unmeasurable"
 
 
 class Monitor(threading.Thread):
@@ -417,7 +594,8 @@ class Monitor(threading.Thread):
         self.interval_s = interval_s
         self.breaches: list[str] = []
         self.program_pids: set[int] = set()  # pids as the sandbox numbered them (NSpid's last)
-        self.peak_bytes = 0
+        self.peak_bytes = self.peak_entries = 0
+        self.unmeasurable: str | None = None  # why the folder could not be measured, where it could not
         self._done = threading.Event()
 
     def _breach(self, what: str) -> None:
@@ -445,10 +623,13 @@ class Monitor(threading.Thread):
             if self.cgroup.oom_kills() and self.limits.breach("memory") not in self.breaches:
                 self.breaches.append(self.limits.breach("memory"))  # the kernel has ended the process already
             self._note_processes()
-        used = folder_bytes(self.folder)
-        self.peak_bytes = max(self.peak_bytes, used)
-        if used > self.limits.output_bytes:
-            self._breach("output")
+        usage, breach = folder_usage(self.folder, self.limits)
+        self.peak_bytes = max(self.peak_bytes, usage.bytes)
+        self.peak_entries = max(self.peak_entries, usage.entries)
+        if breach is not None:
+            if breach == "unmeasurable":
+                self.unmeasurable = usage.error
+            self._breach(breach)
 
     def run(self) -> None:
         while not self._done.wait(self.interval_s):

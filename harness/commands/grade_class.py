@@ -32,6 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rerun", action="append", metavar="ID", default=[], help="grade this student again")
     parser.add_argument("--regrade", action="store_true",
                         help="recompute verdicts and scores from the stored observations; run nothing")
+    parser.add_argument("--sandbox", choices=["bwrap", "uid"], default="bwrap",
+                        help="bwrap: namespaces (loopback only, the grader's files not there); uid: where a "
+                             "container refuses namespaces, a uid of its own, its limits and the grader's files made "
+                             "private (docs/threat-model.md says what each holds)")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run submissions with the grader's rights (every page says so)")
     parser.add_argument("--lessons", help="where feedback links the lesson pages (default: this checkout)")
@@ -45,4 +49,4 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     return grade_class(ClassRequest(
         args.submissions, lab=args.lab, profile=args.profile, rubric=args.rubric, jobs=args.jobs,
         world_sizes=args.world_sizes, results=args.results, rerun=tuple(args.rerun), regrade=args.regrade,
-        sandboxed=not args.no_sandbox, lessons=args.lessons))
+        sandbox="none" if args.no_sandbox else args.sandbox, lessons=args.lessons))

@@ -1,9 +1,20 @@
 """A finished run as the grader judges it (a Sample): the harness's account, the record (the
-program's claims), and what the harness observed and measured of the run itself."""
+program's claims), and what the harness observed and measured of the run itself.
+
+Everything in a run's folder was written where the program runs. Right after the run, before any
+of it is read, the folder is inspected (`inspect_run_dir`): an entry that is not a regular file or
+a folder (a link, a FIFO, a device) is noted on the sample by name and never followed; where one
+stands among what the grader reads (the record, the observer's files), the observations are not
+evaluated at all. The readers themselves take regular files of bounded size only (harness/files.py).
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from harness import files
 from harness.catalog import LABS
+from harness.console import printable
 from harness.observe import accuracy, data_parallel, observations
 from harness.run.request import RunRequest
 from harness.run.run_dir import OBSERVE_DIR, RUN_DIR_PLACEHOLDER
@@ -12,9 +23,30 @@ from harness.verdict.profiles import LabExpectation
 from harness.verdict.tolerances import accuracy_claim_tolerance
 from harness.verdict.verdicts import Sample
 
+# Of a run's folder, what the grader reads past its own files: the record and the observer's folder.
+READ_BY_THE_GRADER = ("record.json", f"{OBSERVE_DIR}/")
+INSPECT_ENTRIES = 100_000  # the sandbox stops a program at far fewer (classgrade/sandbox.Limits.files)
+
+
+def inspect_run_dir(run_dir: Path) -> list[str]:
+    """Every entry of the run's folder that is not a regular file or a folder, as "PATH is KIND", and
+    why the folder could not be inspected whole, if it could not."""
+    usage = files.tree_usage(run_dir, max_entries=INSPECT_ENTRIES)
+    found = [f"{printable(name)} is {kind}" for name, kind in sorted(usage.special)]
+    if usage.error:
+        found.append(f"the run folder could not be inspected whole: {printable(usage.error)}")
+    return found
+
+
+def tampers_with_the_grader(untrusted: list[str]) -> list[str]:
+    """The entries of `inspect_run_dir` that stand where the grader reads (or its walk's error)."""
+    return [entry for entry in untrusted if entry.startswith(READ_BY_THE_GRADER) or entry.startswith("the run folder")]
+
 
 def sample_of(result: RunResult) -> Sample:
-    return Sample(str(result.run_dir), result.status, result.reason, result.wall_seconds, result.record)
+    sample = Sample(str(result.run_dir), result.status, result.reason, result.wall_seconds, result.record)
+    sample.untrusted = inspect_run_dir(result.run_dir) if result.run_dir.is_dir() else []
+    return sample
 
 
 def timed(result: RunResult, metric_name: str) -> Sample:
@@ -22,7 +54,7 @@ def timed(result: RunResult, metric_name: str) -> Sample:
     (img_per_sec of a data-parallel training lab, or of the course lab timing a student's program)."""
     sample = sample_of(result)
     observe_dir = result.run_dir / OBSERVE_DIR
-    if metric_name == "img_per_sec" and observe_dir.is_dir():
+    if metric_name == "img_per_sec" and observe_dir.is_dir() and not tampers_with_the_grader(sample.untrusted):
         sample.measured[metric_name] = rate = observations.throughput(observations.load(observe_dir))
         if rate is None:
             sample.measure_errors[metric_name] = (
@@ -42,6 +74,13 @@ def observed_sample(result: RunResult, exp: LabExpectation, request: RunRequest,
     observe_dir = result.run_dir / OBSERVE_DIR
     # A run that failed is observed too: its own failed check is a claim, what the harness saw the fact.
     if not trains_data_parallel or not observe_dir.is_dir():
+        return sample
+    planted = tampers_with_the_grader(sample.untrusted)
+    if planted:  # never handed to the evaluator (torch.load) or read as the observer's
+        sample.measured[exp.accuracy_metric] = None
+        sample.measure_errors[exp.accuracy_metric] = f"not measured: {planted[0]} (never followed)"
+        sample.observed = [data_parallel.Check("observer", False, f"the observer's folder was tampered with: "
+                                               f"{'; '.join(planted)}").to_dict()]
         return sample
     lab_args = [arg.replace(RUN_DIR_PLACEHOLDER, str(result.run_dir)) for arg in request.lab_args]
     # Measured always, graded where the profile has an accuracy band: a claim is compared either way.

@@ -15,6 +15,7 @@ import base64
 import html
 import json
 import os
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from harness.console import printable
 from harness.files import write_json
 from harness.report.plots import grade_plots
 from harness.verdict.verdicts import Sample, Verdict
@@ -89,6 +91,23 @@ def markdown(summary: dict[str, Any], verdicts: list[Verdict], images: list[Path
 def md_cell(text: str) -> str:
     """Text safe inside one Markdown table cell."""
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+_PLAIN = re.compile(r"[\w:.\-/ ]*")  # a check's name, a lab's: nothing Markdown reads as markup
+
+
+def md_code(text: str) -> str:
+    """Text a program could have written, shown in Markdown as it is: an inline code span on one line
+    (in it no link, no HTML, no emphasis, no heading), its fence longer than any run of backticks in it."""
+    text = printable(" ".join(str(text).split()))
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence, pad = "`" * (longest + 1), " " if text[:1] == "`" or text[-1:] == "`" else ""
+    return f"{fence}{pad}{text}{pad}{fence}" if text else ""
+
+
+def md_name(text: str) -> str:
+    """A name (a check, a student) as plain text where it is plain, else as code (md_code)."""
+    return text if _PLAIN.fullmatch(text) else md_code(text)
 
 
 def _rows(verdicts: list[Verdict]) -> str:

@@ -12,13 +12,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from harness.console import printable
 from harness.files import set_aside, write_bytes, write_json
 from harness.run import record as records
 from harness.run.epochs import write_epochs_csv
 from harness.run.errors import HarnessError
 from harness.run.hangs import hang_reason
 from harness.run.launchers import LAUNCHERS, Failure, signal_name
-from harness.run.output import gather_rank_logs, printable, read_end
+from harness.run.output import gather_rank_logs, read_end
 from harness.run.request import RunRequest
 from harness.run.run_dir import OBSERVE_DIR
 from harness.run.state import Outcome, PreparedRun, RunResult

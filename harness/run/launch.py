@@ -24,6 +24,19 @@ def lab_timeout_s(watchdog_s: float) -> float:
     return min(high, max(low, watchdog_s / 2))
 
 
+# What a sandboxed run (grade-class: an untrusted program) gets of the grader's environment: the
+# system's and the numeric libraries' settings, by name, and nothing else. A token, a password or a
+# path in the grader's environment never reaches a student's program (the launch adds its own).
+SANDBOX_ENV_NAMES = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES",
+                     "CUDA_HOME", "CUDA_DEVICE_ORDER")
+SANDBOX_ENV_PREFIXES = ("LC_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "ATEN_", "NCCL_", "GLOO_")
+
+
+def sandbox_environment(environ: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in environ.items()
+            if name in SANDBOX_ENV_NAMES or name.startswith(SANDBOX_ENV_PREFIXES)}
+
+
 def _gives(args: list[str], flag: str) -> bool:
     return any(arg == flag or arg.startswith(flag + "=") for arg in args)
 
@@ -32,7 +45,7 @@ def launch_plan(request: RunRequest, run_dir: Path, run_id: str, store_served: b
                 ) -> tuple[dict[str, str], LaunchSpec, list[str], str]:
     """What a run starts: the environment, the launch spec, the launcher's command line, and that
     command as a person would paste it (the settings that matter in front)."""
-    env = dict(os.environ)
+    env = sandbox_environment(dict(os.environ)) if request.sandbox else dict(os.environ)
     observer = [str(OBSERVER)] if request.observe else []
     env.update({
         "DISTLAB_RUN_ID": run_id,
@@ -70,8 +83,20 @@ def launch_plan(request: RunRequest, run_dir: Path, run_id: str, store_served: b
                *LAUNCHERS[request.launcher].command(spec)]
     shown_env = {"OMP_NUM_THREADS": str(request.threads), **backend_env(request.backend, run_dir),
                  **LAUNCHERS[request.launcher].env}
-    shown = " ".join(f"{name}={shlex.quote(value)}" for name, value in shown_env.items()) + f" {shlex.join(command)}"
+    shown = " ".join(f"{name}={shell_word(value)}" for name, value in shown_env.items()) + \
+        " " + " ".join(map(shell_word, command))
     return env, spec, command, shown
+
+
+def shell_word(word: str) -> str:
+    """One word of a command a person pastes into bash (command.txt, --dry-run): quoted by shlex, or,
+    where it holds a control character (a program's file name can), in bash's $'...' with the
+    character as an escape: shown, never obeyed by the terminal that shows it."""
+    if word.isprintable():
+        return shlex.quote(word)
+    return "$'" + "".join(c if c.isprintable() and c not in "'\\" else
+                          f"\\{c}" if c in "'\\" else f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+                          for c in word) + "'"
 
 
 def backend_env(backend: str, run_dir: Path) -> dict[str, str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import codecs
 import contextlib
 import os
-import re
 import sys
 import tempfile
 import threading
@@ -17,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from harness.console import printable
 from harness.files import NotARegularFile, copy_regular_file, read_regular_file, replace
 from harness.run.launchers import LAUNCHERS
 from harness.run.request import RunRequest
@@ -40,12 +40,6 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return printable("\n".join(read_end(path, 64 << 10).splitlines()[-lines:]))
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-
-
-def printable(text: str) -> str:
-    """Text safe for a terminal: control characters (escape sequences) shown, not obeyed."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 class OutputPump(threading.Thread):

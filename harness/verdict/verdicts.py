@@ -55,9 +55,12 @@ class Sample:
     # and measure_errors says why.
     measured: dict[str, float | None] = field(default_factory=dict)
     measure_errors: dict[str, str] = field(default_factory=dict)
-    # The reference rate this run is paired with (grade.pair_references): the reference run just
-    # before it, or the mean of those just before and after it. None: judged against the cell's rate.
+    # The reference rate this run is paired with (verdict/pairing.pair_references): the reference run
+    # just before it, or the mean of those just before and after it. None: judged against the cell's rate.
     reference: float | None = None
+    # Entries of the run's folder that are not regular files or folders (links, FIFOs, devices), by
+    # path from the folder: never followed or opened (grading/samples.py, inspect_run_dir).
+    untrusted: list[str] = field(default_factory=list)
 
 
 def metric(record: dict[str, Any] | None, name: str) -> float | None:
