@@ -17,6 +17,8 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,8 +52,13 @@ def sandbox_missing() -> str | None:
 
 
 needs_sandbox = pytest.mark.skipif(sandbox_missing() is not None, reason=str(sandbox_missing()))
-# The tests of the one class graded per module: one xdist worker sets it up (--dist loadgroup).
-the_class = pytest.mark.xdist_group("grade_class")
+# The tests of the one class graded per module: one xdist worker sets it up (--dist loadgroup). Its
+# submissions (two at once) take minutes on an idle 2-core machine; the limit is for a busy one.
+CLASS_TIMEOUT_S = 3600
+
+
+def the_class(test):
+    return pytest.mark.timeout(CLASS_TIMEOUT_S)(pytest.mark.xdist_group("grade_class")(test))
 
 
 def class_profile(folder: Path) -> Path:
@@ -323,15 +330,19 @@ def test_a_regrade_after_the_rubric_changed_recomputes_without_training(graded):
 @pytest.mark.integration
 @the_class
 def test_a_results_folder_moved_elsewhere_regrades_to_the_same_grades(graded, tmp_path):
+    # Moved (renamed: a copy cannot take the deep-path submission's folders, past PATH_MAX), then back.
     moved = tmp_path / "archive"
-    shutil.copytree(graded["folder"] / "results", moved, symlinks=True)
-    done = grade_class(graded["submissions"], "--profile", str(graded["profile"]), "--rubric", str(graded["rubric"]),
-                       "--results", str(moved), "--regrade")
-    assert done.returncode == 0 and "0 to grade" in done.stdout, done.stdout + done.stderr
-    book = {row["id"]: row for row in csv.DictReader((moved / "class/week4/gradebook.csv").open())}
-    assert book == graded["gradebook"]  # not "pending": the stored jobs are found where they lie now
-    feedback = (moved / "class/week4/feedback/dave.md").read_text()
-    assert "### unused_parameters" in feedback  # the crash lesson, read from the moved runs' logs
+    os.rename(graded["folder"] / "results", moved)
+    try:
+        done = grade_class(graded["submissions"], "--profile", str(graded["profile"]), "--rubric",
+                           str(graded["rubric"]), "--results", str(moved), "--regrade")
+        assert done.returncode == 0 and "0 to grade" in done.stdout, done.stdout + done.stderr
+        book = {row["id"]: row for row in csv.DictReader((moved / "class/week4/gradebook.csv").open(newline=""))}
+        assert book == graded["gradebook"]  # not "pending": the stored jobs are found where they lie now
+        feedback = (moved / "class/week4/feedback/dave.md").read_text()
+        assert "### unused_parameters" in feedback  # the crash lesson, read from the moved runs' logs
+    finally:
+        os.rename(moved, graded["folder"] / "results")
 
 
 @needs_sandbox
@@ -388,17 +399,41 @@ def test_a_job_leaves_nothing_in_the_kernel_for_the_next_job_of_its_uid(tmp_path
 # What the uid sandbox (no namespaces: a container that refuses them, such as Gradescope's) holds and
 # what it cannot: each submission's gradebook words under it.
 UID_MODE_EXPECTED = {
-    "reads-other": "tried to reach",  # the submissions folder is closed to others
+    "reads-other": "it did not run to a record of its own",  # its folder is a copy of its own: no classmate there
     "writes-grader": "tried to change",  # the harness is root's, read-only to every other uid
     "fork-bomb": "started more than 512 processes",
     "reads-environment": "it did not run to a record of its own",
 }
 
 
+@pytest.fixture
+def python_others_may_run():
+    """uid mode runs the job's program with this Python as another user: where it lies below a folder
+    closed to others (pyenv's under /root here), that folder is opened for passing through (o+x, never
+    listing) for the test, and closed again after."""
+    opened = []
+    for folder in Path(os.path.realpath(sys.executable)).parents:
+        mode = os.stat(folder).st_mode
+        if not mode & 0o001:
+            os.chmod(folder, mode | 0o001)
+            opened.append((folder, mode))
+    yield
+    for folder, mode in opened:
+        os.chmod(folder, mode)
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                     reason="the uid sandbox needs root and setpriv")
 @pytest.mark.integration
-def test_without_namespaces_the_uid_sandbox_keeps_each_job_to_its_own(tmp_path):
+def test_without_namespaces_the_uid_sandbox_keeps_each_job_to_its_own(tmp_path, python_others_may_run):
+    results = Path(tempfile.mkdtemp(prefix="distlab-uid-", dir="/var/tmp"))  # below folders others may pass
+    try:
+        uid_mode_class(tmp_path, results)
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+
+
+def uid_mode_class(tmp_path: Path, results: Path) -> None:
     subs = tmp_path / "week5"
     subs.mkdir()
     shutil.copy(CORRECT, subs / "alice.py")
@@ -406,10 +441,10 @@ def test_without_namespaces_the_uid_sandbox_keeps_each_job_to_its_own(tmp_path):
         shutil.copy(HOSTILE / f"{student.replace('-', '_')}.py", subs / f"{student}.py")
     done = subprocess.run([DISTLAB, "grade-class", str(subs), "--lab", "ddp", "--profile", str(class_profile(tmp_path)),
                            "--rubric", str(class_rubric(tmp_path)), "--jobs", "2", "--sandbox", "uid",
-                           "--results", str(tmp_path / "results")], capture_output=True, text=True, timeout=1800,
+                           "--results", str(results)], capture_output=True, text=True, timeout=1800,
                           stdin=subprocess.DEVNULL, env={**os.environ, "DISTLAB_GRADER_SECRET": SECRET})
     assert done.returncode == 0, done.stdout + done.stderr
-    class_dir = tmp_path / "results/class/week5"
+    class_dir = results / "class/week5"
     book = {row["id"]: row for row in csv.DictReader((class_dir / "gradebook.csv").open(newline=""))}
     for student, words in UID_MODE_EXPECTED.items():
         assert book[student]["status"] == "ungradable" and words in book[student]["reason"], book[student]
@@ -421,11 +456,30 @@ def test_without_namespaces_the_uid_sandbox_keeps_each_job_to_its_own(tmp_path):
     assert "uid sandbox" in (class_dir / "feedback/alice.md").read_text()  # every page says which sandbox
     assert json.loads((class_dir / "summary.json").read_text())["sandbox"] == "uid"
     assert SECRET not in "".join(p.read_text() for p in class_dir.glob("jobs/reads-environment/runs/*/*/rank.*.log"))
+    read = "".join(p.read_text() for p in class_dir.glob("jobs/reads-other/runs/*/*/rank.*.log"))
+    assert "No such file or directory" in read and CORRECT.read_text().splitlines()[0] not in read
     assert not os.stat(subs).st_mode & 0o007 and not os.stat(class_dir).st_mode & 0o006  # closed to other uids
     assert processes_of(job_uids(class_dir)) == []
 
 
 # ------------------------------------------------------------------------------------ no runs
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the probe runs as a job's uid: root makes it one")
+def test_the_uid_sandbox_refuses_in_one_line_where_its_uid_cannot_reach_the_python(tmp_path):
+    closed = sandbox.closed_folder(Path(os.path.realpath(sys.executable)).parent)
+    refusal = sandbox.uid_refusal()
+    if closed is None:
+        assert refusal is None
+    else:
+        assert f"{closed} is closed to other users" in refusal and f"chmod o+x {closed}" in refusal
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (tmp_path / "subs").mkdir()
+    (tmp_path / "subs" / "a.py").write_text("")
+    done = run_distlab(["grade-class", str(tmp_path / "subs"), "--sandbox", "uid", "--results",
+                        str(private / "results")])
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "closed to other users" in done.stderr or "other users may not pass through" in done.stderr, done.stderr
 
 def test_layouts_that_cannot_be_graded_say_why(tmp_path):
     (tmp_path / "ok").mkdir()

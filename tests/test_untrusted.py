@@ -284,6 +284,21 @@ def test_under_the_filter_a_process_runs_but_keeps_no_key_and_makes_no_user_name
                                         "spawn 0", "thread"]
 
 
+@pytest.mark.skipif(platform.machine() not in sandbox.ARCHES, reason="no filter for this architecture")
+def test_without_bwrap_the_same_filter_is_loaded_by_prctl():
+    """uid mode has no bwrap: the entering program loads the filter itself, for all it execs."""
+    code = ("import ctypes, os, sys\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            "from harness.classgrade import sandbox\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "number = sandbox.SYSCALLS['add_key'][sandbox.ARCHES[os.uname().machine][1]]\n"
+            "print(libc.syscall(number, b'user', b'k', b'v', 1, -4) >= 0)\n"
+            "print(sandbox.load_seccomp())\n"
+            "print(libc.syscall(number, b'user', b'k', b'v', 1, -4), os.strerror(ctypes.get_errno()))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines()[1:] == ["True", "-1 Operation not permitted"], done.stdout + done.stderr
+
+
 def test_a_cgroup_left_by_a_job_ended_before_its_clean_up_is_removed(tmp_path, monkeypatch):
     for kind in ("memory", "pids"):
         (tmp_path / kind).mkdir()

@@ -188,6 +188,11 @@ def open_class(request: ClassRequest) -> Classroom:
         refusal = sandbox.refusal(request.sandbox)
         if refusal:
             raise UsageError(refusal)
+    if request.sandbox == "uid" and not request.regrade:
+        closed = sandbox.closed_folder(request.results.resolve().parent)
+        if closed is not None:  # the job's uid reaches its run folders through every folder above them
+            raise UsageError(f"--sandbox uid: the results folder lies below {closed}, which other users may not "
+                             f"pass through (chmod o+x {closed}), or give --results a folder outside it")
     class_dir = request.class_dir
     if class_dir.is_relative_to(request.submissions.resolve()):
         # the next run would find the grades as a student's folder (and hide them from the sandbox)
@@ -253,6 +258,8 @@ def run_jobs(room: Classroom, todo: list[Submission], lesson_root: str) -> None:
                 folder = Path(job["folder"])
                 _set_aside(folder)
                 folder.mkdir(parents=True)
+                for name in (sandbox.job_cgroup_name(job), f"{sandbox.job_cgroup_name(job)}-grader"):
+                    sandbox.Cgroup.remove_named(name)  # an earlier grade of it killed before its clean-up
                 write_json(folder / "job.json", job)
                 room.stored[student.key] = job
                 room.outcomes.pop(student.key, None)

@@ -143,10 +143,15 @@ def uid_refusal() -> str | None:
     from harness.catalog import REPO
 
     code = "import sys; sys.path.insert(0, sys.argv[1]); import harness.on_ranks, labs.common.contract"
-    probe = subprocess.run(["setpriv", f"--reuid={FIRST_UID + UIDS - 1}", f"--regid={FIRST_UID + UIDS - 1}",
-                            "--clear-groups", sys.executable, "-I", "-c", code, str(REPO)],
+    spec = Spec(uid=FIRST_UID + UIDS - 1, limits={}, read_only=[], hidden=[])  # a job's uid, as it runs
+    probe = subprocess.run(as_the_jobs_uid(spec, [sys.executable, "-I", "-c", code, str(REPO)]),
                            capture_output=True, text=True, timeout=60, cwd="/")
     if probe.returncode != 0:
+        closed = next((str(folder) for folder in Path(os.path.realpath(sys.executable)).parents
+                       if not os.stat(folder).st_mode & 0o001), None)
+        if closed:
+            return (f"a job's uid cannot reach this Python: {closed} is closed to other users; allow them through "
+                    f"(chmod o+x {closed}), or grade with a Python they can run")
         return (f"a job's uid cannot read {sys.prefix} or {REPO}'s harness and labs "
                 f"({(probe.stderr.strip().splitlines() or ['?'])[-1][:160]}); make them and the folders above them "
                 "readable by others (chmod o+rX), or grade from a checkout there")
@@ -387,6 +392,28 @@ def seccomp_filter(machine: str | None = None) -> bytes | None:
     return out
 
 
+def load_seccomp() -> bool:
+    """The filter loaded into this process (and all it execs) by prctl, as bwrap does with --seccomp:
+    for uid mode, which has no bwrap. False where there is no filter for this machine."""
+    import ctypes
+
+    program = seccomp_filter()
+    if program is None:
+        return False
+
+    class Program(ctypes.Structure):  # struct sock_fprog
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    steps = ctypes.create_string_buffer(program, len(program))
+    fprog = Program(len(program) // 8, ctypes.cast(steps, ctypes.c_void_p))
+    pr_set_no_new_privs, pr_set_seccomp, seccomp_mode_filter = 38, 22, 2
+    if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0 or \
+            libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"seccomp: {os.strerror(ctypes.get_errno())}")
+    return True
+
+
 def _seccomp_fd() -> int | None:
     """The filter in a memory file bwrap reads (--seccomp FD); None where there is none for this machine."""
     program = seccomp_filter()
@@ -476,6 +503,14 @@ def uid_argv(spec: Spec, run_dir: str, command: list[str]) -> tuple[list[str], d
     return as_the_jobs_uid(spec, command), env
 
 
+def closed_folder(path: Path) -> Path | None:
+    """The first folder above `path` (itself included) other users may not pass through, or None."""
+    for folder in [path, *path.parents]:
+        if folder.exists() and not os.stat(folder).st_mode & 0o001:
+            return folder
+    return None
+
+
 def passable(run_dir: str, job_folder: str) -> None:
     """uid mode: the folders from the job's folder down to the run's passable (o+x: entered by a path
     it knows, never listed) to the job's uid; everything the grader writes is private (umask 077)."""
@@ -509,6 +544,7 @@ def enter(argv: list[str]) -> None:
         os.chown(folder, spec.uid, spec.uid)  # the launcher's logs and the observer's files are written there
     if spec.mode == "uid":
         argv, env = uid_argv(spec, run_dir, command)
+        load_seccomp()  # what bwrap's --seccomp does, here by prctl
         os.execvpe(argv[0], argv, env)
     tool = shutil.which("bwrap") or "bwrap"
     os.execv(tool, bwrap_argv(spec, run_dir, command, tool, seccomp_fd=_seccomp_fd()))

@@ -5,7 +5,7 @@ import os
 
 for level in range(20):
     name = f"{level:02d}" + "d" * 248
-    os.mkdir(name)
+    os.makedirs(name, exist_ok=True)  # both ranks walk down the same folders
     os.chdir(name)  # relative steps: no path the system is asked for is longer than one name
 chunk = b"\1" * (1 << 20)
 for number in itertools.count():
