@@ -104,10 +104,13 @@ def epochs(*orders: list[int]) -> list[dict]:
 ORDERS = [[0, 3, 5, 6], [1, 2, 4, 7], [6, 5, 3, 0]]  # one rank's three epochs, each its own order
 
 
-def resume_case(tmp_path: Path, resumed_orders: list[list[int]], stopped_steps: int = 2) -> data_parallel.Check:
-    for folder, orders, extra in (("whole", ORDERS, {}), ("stopped", ORDERS[:1],
-                                                        {"stopped": {"after_epochs": 1, "steps": stopped_steps}}),
-                                  ("resumed", resumed_orders, {})):
+def resume_case(tmp_path: Path, resumed_orders: list[list[int]], read: bool = True) -> data_parallel.Check:
+    checkpoint = str(tmp_path / "ck.pt")
+    stopped = {"stopped": {"after_epochs": 1, "steps": 2},
+               "saves": [{"path": checkpoint, "written_as": checkpoint, "rank": 0, "steps": 2}]}
+    resumed = {"loads": [{"path": checkpoint, "steps": 0}]} if read else {}
+    for folder, orders, extra in (("whole", ORDERS, {}), ("stopped", ORDERS[:1], stopped),
+                                  ("resumed", resumed_orders, resumed)):
         write_rank_observation(tmp_path / folder, 0, optimizer_steps=2 * len(orders) if folder != "stopped" else 2,
                                loader_passes=epochs(*orders), **extra)
     return resume.check_resume(*(observations.load(tmp_path / f) for f in ("whole", "stopped", "resumed")), 1)
@@ -120,10 +123,14 @@ def test_a_resume_goes_on_where_it_stopped(tmp_path):
 
 
 def test_an_off_by_one_resume_retrains_the_epoch_it_had_finished(tmp_path):
-    check = resume_case(tmp_path, ORDERS)  # the restart drew epoch 0's order again
+    check = resume_case(tmp_path, ORDERS)  # the restart read the checkpoint, and drew epoch 0's order again
     assert not check.passed
     assert "resumed at epoch 0 after 1 epoch(s) had finished: epoch(s) 0 trained twice, 4 epochs in all where the " \
-           "uninterrupted run trained 3" in check.detail
+           "uninterrupted run trained 3 (it read ck.pt, saved before the stop, and went on at the epoch that file " \
+           "records: the one it had finished, not the next one to run)" in check.detail
+    (tmp_path / "again").mkdir()
+    fresh = resume_case(tmp_path / "again", ORDERS, read=False)  # it never read the checkpoint
+    assert not fresh.passed and "it read no file the stopped attempt had saved: it started again" in fresh.detail
 
 
 def test_a_program_never_stopped_is_not_comparable(tmp_path):
@@ -211,3 +218,17 @@ def test_the_shipped_rubric_has_the_new_items():
     assert names["BatchNorm statistics averaged"].points == 0
     assert names["a checkpoint that loads"].absent_passes and names["resumes where it stopped"].absent_passes
     assert json.loads(json.dumps(sorted(names)))  # gradebook columns, one per item
+
+
+def test_other_ranks_copies_of_rank0s_weights_are_dropped_once_measured(tmp_path):
+    from harness.grading.samples import drop_copies_of_rank0
+
+    for rank, name in ((0, "final_weights.pt"), (1, "final_weights.1.pt"), (2, "../escape.pt")):
+        (tmp_path / "observe").mkdir(exist_ok=True)
+        write_rank_observation(tmp_path / "observe", rank, model={"weights_file": name})
+        if "/" not in name:
+            (tmp_path / "observe" / name).write_bytes(b"weights")
+    (tmp_path / "escape.pt").write_bytes(b"not the observer's")
+    drop_copies_of_rank0(observations.load(tmp_path / "observe"))
+    assert sorted(p.name for p in (tmp_path / "observe").glob("*.pt")) == ["final_weights.pt"]
+    assert (tmp_path / "escape.pt").exists()  # only the observer's own names are ever removed

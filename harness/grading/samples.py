@@ -10,12 +10,14 @@ evaluated at all. The readers themselves take regular files of bounded size only
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from harness import files
 from harness.catalog import LABS
 from harness.console import printable
 from harness.observe import accuracy, data_parallel, observations
+from harness.on_ranks.observer.distlab_observer.fileformat import RANK_WEIGHTS_FILE
 from harness.run.request import RunRequest
 from harness.run.run_dir import OBSERVE_DIR, RUN_DIR_PLACEHOLDER
 from harness.run.state import RunResult
@@ -95,6 +97,8 @@ def observed_sample(result: RunResult, exp: LabExpectation, request: RunRequest,
     if measurement.get("error"):
         sample.measure_errors[exp.accuracy_metric] = measurement["error"]
     seen = observations.merge([observe_dir, *more_dirs]) if more_dirs else observations.load(observe_dir)
+    if measurement.get("error") is None and measurement.get("own_models") is None:
+        drop_copies_of_rank0(seen)
     checks = data_parallel.checks(seen, request.backend, request.world_size,
                                   train_set_size=measurement.get("train_size"),
                                   checkpoints=measurement.get("checkpoints"))
@@ -104,3 +108,14 @@ def observed_sample(result: RunResult, exp: LabExpectation, request: RunRequest,
                                            own_models=own_model_claims(measurement.get("own_models")))
     sample.observed = [check.to_dict() for check in checks]
     return sample
+
+
+def drop_copies_of_rank0(seen: observations.Observations) -> None:
+    """The other ranks' final weights, once measured to be rank 0's own state (the evaluator asked for
+    none of them: every rank held rank 0's digest), are removed: a copy of final_weights.pt per rank
+    is some 45 MB a rank of ResNet-18, and their digests stay in each rank.<r>.json."""
+    for rank, observed in seen.ranks.items():
+        name = (observed.model or {}).get("weights_file")
+        if rank and name and name == RANK_WEIGHTS_FILE.format(rank=rank):
+            with contextlib.suppress(OSError):
+                (seen.directory / name).unlink()  # never followed: unlink removes a link, not its target

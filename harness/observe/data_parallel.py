@@ -123,7 +123,7 @@ def checks(observations: Observations, expected_backend: str, expected_world_siz
 
 def compare_claims(record: dict[str, Any] | None, observed: list[Check], measured_accuracy: float | None = None,
                    accuracy_tolerance: float = 1e-6, measured_img_per_sec: float | None = None,
-                   own_models: dict[str, Any] | None = None) -> list[Check]:
+                   own_models: list[tuple[str, float, float]] | str | None = None) -> list[Check]:
     """A failed check for each claim of the record that the harness observed to be false.
 
     A claim is a check the record says passed; the observed check it names (CLAIMS) failed, for the
@@ -334,7 +334,7 @@ def check_replicas(ranks: list[RankObservation]) -> list[Check]:
     used = [f"rank {r.rank} {' and '.join(uses)}" for r in others if r.rank in differing
             for uses in [_uses(r)] if uses]
     if used:
-        return [Check(name, False, f"parameters identical; {apart}, and {'; '.join(used)} with them: each rank "
+        return [Check(name, False, f"parameters identical; {apart}, and {'; '.join(used)}: each rank "
                                    f"holds a different model to evaluate and save{lesson}", causes=("buffers",)),
                 Check("buffers_identical", False, f"{apart}: what the program evaluated or saved on "
                                                   f"{'those ranks' if len(used) > 1 else 'that rank'} depends on "

@@ -61,6 +61,7 @@ class RankObservation:
     model: dict[str, Any] | None
     errors: list[str]
     stopped: dict[str, Any] | None = None  # a resume cell's stop of this attempt (observer.py)
+    loads: list[dict[str, Any]] = field(default_factory=list)  # every torch.load of a file (version 2)
 
     @property
     def training_epochs(self) -> list[LoaderPass]:
@@ -115,7 +116,8 @@ def load(observe_dir: Path | str) -> Observations:
                 passes=[LoaderPass(p["loader"], p["dataset_len"], p["sampler"], p["batches"], p["steps"],
                                    p["batch_sizes"], p["indices"], p.get("started"), p.get("step_times", []),
                                    p.get("step_images", []), p.get("steps_before")) for p in data["loader_passes"]],
-                saves=data["saves"], model=data["model"], errors=data["errors"], stopped=data.get("stopped"))
+                saves=data["saves"], model=data["model"], errors=data["errors"], stopped=data.get("stopped"),
+                loads=data.get("loads", []))
         except (OSError, ValueError, KeyError, TypeError) as error:
             observations.problems.append(f"{path.name} unreadable ({type(error).__name__}: {error})")
     for path in sorted(directory.glob(ERRORS_FILES)):

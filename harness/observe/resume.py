@@ -7,13 +7,16 @@ the other, must be the uninterrupted run's: as many, each drawing the same sampl
 order (the data order, which DistributedSampler's seed and set_epoch decide), with as many steps.
 A program that records the epoch it finished rather than the next one resumes at that epoch and
 trains it twice; one that loads no checkpoint starts again at epoch 0. Both are named, by the epoch
-whose order the restart drew first.
+whose order the restart drew first and by whether the restart read (torch.load, observed) a file
+the stopped attempt had saved.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from harness.observe.data_parallel import Check, _join
-from harness.observe.observations import LoaderPass, Observations
+from harness.observe.observations import LoaderPass, Observations, RankObservation
 
 NAME = "resume_continues"
 
@@ -65,8 +68,11 @@ def check_resume(uninterrupted: Observations, stopped: Observations, resumed: Ob
                             f"drew ({total} epochs in all, {len(whole)} uninterrupted)")
         elif start < len(before):
             again = ", ".join(str(e) for e in range(start, len(before)))
-            what = ("it loaded no checkpoint, or ignored it" if start == 0 else
-                    "the checkpoint records the epoch it finished, not the next one to run")
+            read = _read_a_save(resumed.ranks[rank], stopped)
+            what = (f"it read {read}, saved before the stop, and went on at the epoch that file records: the one it "
+                    "had finished, not the next one to run" if read and start == len(before) - 1 else
+                    f"it read {read}, saved before the stop, and went on at epoch {start}" if read else
+                    "it read no file the stopped attempt had saved: it started again")
             problems.append(f"rank {rank} resumed at epoch {start} after {len(before)} epoch(s) had finished: epoch(s) "
                             f"{again} trained twice, {total} epochs in all where the uninterrupted run trained "
                             f"{len(whole)} ({what})")
@@ -79,6 +85,12 @@ def check_resume(uninterrupted: Observations, stopped: Observations, resumed: Ob
     return Check(NAME, True, f"every rank resumed at epoch {after}: the {after} epoch(s) before the stop and the "
                              f"{epochs - after} after the restart drew the uninterrupted run's samples in its order, "
                              f"epoch by epoch, and took its {first_steps.get(ranks[0])} optimizer steps")
+
+
+def _read_a_save(resumed: RankObservation, stopped: Observations) -> str | None:
+    """The name of a file the stopped attempt saved that this rank of the restart read, if one."""
+    saved = {save["path"] for rank in stopped.ranks.values() for save in rank.saves}
+    return next((Path(load["path"]).name for load in resumed.loads if load["path"] in saved), None)
 
 
 def _order(epoch: LoaderPass) -> tuple[int, ...]:

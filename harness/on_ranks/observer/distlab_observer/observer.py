@@ -13,7 +13,8 @@ wait for the program to import torch (and horovod.torch); nothing is imported be
   itself, rather than reading the program's img_per_sec;
 - every torch.save, by resolved path, followed through a rename (checkpoints are written to a
   temporary file and renamed into place), with the optimizer steps taken before it: the harness
-  loads the last one into the model itself (harness/observe/accuracy.py);
+  loads the last one into the model itself (harness/observe/accuracy.py); and every torch.load of a
+  file (the first LOADS_KEPT), so a resumed run shows which checkpoint it read;
 - at exit: the model the optimizers trained (found from their parameters), its state's digests and
   the state itself (final_weights.pt on rank 0, final_weights.<r>.pt on the others), so the harness
   can evaluate each rank's own model where the replicas differ.
@@ -60,6 +61,7 @@ from .fileformat import (
 # Where a rank's number is before any process group exists, launcher by launcher (labs/README.md).
 _os_replace = os.replace  # the real one: ours is hooked once torch loads
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "SLURM_PROCID")
+LOADS_KEPT = 100  # torch.loads of files noted per rank
 
 _observer: Observer | None = None
 
@@ -208,6 +210,7 @@ class Observer:
         self.optimizers: list[Any] = []  # kept alive: the program's may be gone by exit
         self.model: Any = None
         self.saves: list[dict[str, Any]] = []
+        self.loads: list[dict[str, Any]] = []
         self.saved_paths: dict[str, dict[str, Any]] = {}
         self.errors: list[str] = []
         self.torch: Any = None
@@ -416,6 +419,18 @@ class Observer:
         torch.serialization.save = save
         if torch.save is original:
             torch.save = save
+        original_load = torch.serialization.load
+
+        @functools.wraps(original_load)
+        def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original_load(f, *args, **kwargs)
+            if len(self.loads) < LOADS_KEPT:  # a program may torch.load its data too: thousands of files
+                self.guard("torch.load", self._note_load, f)
+            return result
+
+        torch.serialization.load = load
+        if torch.load is original_load:
+            torch.load = load
         # A checkpoint is commonly written to a temporary file and renamed into place: follow it.
         for name in ("replace", "rename"):
             self._hook_rename(name)
@@ -440,6 +455,11 @@ class Observer:
         entry = {"path": path, "written_as": path, "rank": self.rank(), "steps": self.steps}
         self.saves.append(entry)
         self.saved_paths[path] = entry
+
+    def _note_load(self, f: Any) -> None:
+        target = f if isinstance(f, (str, bytes, os.PathLike)) else getattr(f, "name", None)
+        if isinstance(target, (str, bytes, os.PathLike)):
+            self.loads.append({"path": os.path.realpath(os.fsdecode(target)), "steps": self.steps})
 
     def _note_rename(self, src: Any, dst: Any, kwargs: dict[str, Any]) -> None:
         if kwargs.get("src_dir_fd") is not None or kwargs.get("dst_dir_fd") is not None:
@@ -477,7 +497,8 @@ class Observer:
                 "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "rank": rank, "rank_source": self.rank_source(),
                 "pid": os.getpid(), "argv": sys.argv, "process_groups": self.process_groups,
                 "optimizer_steps": self.steps, "loader_passes": [p.to_json() for p in self.passes],
-                "saves": self.saves, "model": self.guard("final model", self._final_model, rank),
+                "saves": self.saves, "loads": self.loads,
+                "model": self.guard("final model", self._final_model, rank),
                 "errors": self.errors,  # the same list: the final model's errors are in it too
                 "stopped": self.stopped,
             }
