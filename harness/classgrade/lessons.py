@@ -92,8 +92,8 @@ LESSONS = {
         "The run did not end well: a rank failed, hung, or broke the contract. The reason names the rank and "
         "its last exception.",
         "Run it yourself at the world size that failed (`distlab run ddp -n N --program yours.py -- --smoke`; "
-        "the grader starts a student's program under torchrun at every world size, `distlab run` at 1 with "
-        "plain python unless --launcher torchrun) and read the failing rank's log.",
+        "the grader starts a student's DDP program under torchrun at world size 1 too, `distlab run` with "
+        "plain python there unless given --launcher torchrun) and read the failing rank's log.",
         f"{CONTRACT}#the-contract"),
     "time": Lesson(
         "The slowest run took longer than the profile's time budget.",
