@@ -232,3 +232,18 @@ def test_other_ranks_copies_of_rank0s_weights_are_dropped_once_measured(tmp_path
     drop_copies_of_rank0(observations.load(tmp_path / "observe"))
     assert sorted(p.name for p in (tmp_path / "observe").glob("*.pt")) == ["final_weights.pt"]
     assert (tmp_path / "escape.pt").exists()  # only the observer's own names are ever removed
+
+
+def test_a_two_host_cell_in_the_class_sandbox_is_not_run_and_says_why(tmp_path):
+    import dataclasses
+
+    from harness.grading.cells import SANDBOXED, run_cell
+    from harness.run.request import build_request
+
+    exp = LabExpectation("ddp-two-hosts", (2,), cell="two-hosts", program_lab="ddp")
+    request = dataclasses.replace(build_request("ddp", 2, ["--smoke"], results_root=tmp_path, gpus=0),
+                                  sandbox=["sandbox.py", "{run_dir}", "--"])
+    sample = run_cell(exp, request, evaluator=None)
+    assert (sample.status, sample.reason) == (NOT_RUN, SANDBOXED)
+    assert (Path(sample.run_dir) / "not-run.txt").read_text().strip() == SANDBOXED  # a folder of its own
+    assert "--unshare-net" in SANDBOXED and "GLOO_SOCKET_IFNAME=lo" in SANDBOXED

@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from harness.console import printable
+from harness.files import write_bytes
 from harness.grading import samples
 from harness.observe import accuracy, observations, resume
 from harness.on_ranks.observer.distlab_observer.fileformat import STOP_AFTER_EPOCHS, STOPPED_DIR
@@ -71,8 +72,10 @@ def run_cell(exp: LabExpectation, request: RunRequest, evaluator: accuracy.Evalu
              on_line: Callable[[str], None] | None = None) -> Sample:
     """One run of a row's cell, as the grader judges it."""
     problem = refused(exp, request)
-    if problem:
-        return Sample("", NOT_RUN, problem, 0.0, None)
+    if problem:  # a folder of its own all the same: whoever reads a sample's run folder finds one, empty but this
+        folder = new_run_dir(request.results_root, request.lab, request.world_size, "not-run")
+        write_bytes(folder / "not-run.txt", (problem + "\n").encode())
+        return Sample(str(folder), NOT_RUN, problem, 0.0, None)
     if exp.cell == "two-hosts":
         return two_hosts(exp, request, evaluator, on_line)
     if exp.cell == "resume":
