@@ -148,48 +148,93 @@ def test_without_timed_training_there_is_no_throughput(tmp_path):
     assert observations.throughput(old) is None
 
 
-def replica_ranks(tmp_path: Path, buffers: dict[int, dict[str, str]], params: dict[int, str] | None = None
-                  ) -> list[data_parallel.Check]:
+def replica_ranks(tmp_path: Path, buffers: dict[int, dict[str, str]], params: dict[int, str] | None = None,
+                  evaluating: tuple[int, ...] = ()) -> list[data_parallel.Check]:
     """The checks of ranks whose final models have these buffer digests (name -> digest), each held by
-    a BatchNorm, and these parameter digests (default: all equal)."""
+    a BatchNorm, and these parameter digests (default: all equal); the ranks in `evaluating` ran a
+    loader pass without a step after their training pass (an evaluation)."""
     for rank, digests in buffers.items():
         model = {"params_sha256": (params or {}).get(rank, "f" * 64),
                  "buffers_sha256": "".join(digests[name] for name in sorted(digests)),
                  "buffers": {name: {"sha256": d, "module": "BatchNorm"} for name, d in digests.items()}}
-        write_rank_observation(tmp_path, rank, optimizer_steps=1, model=model)
+        passes = [{"loader": 0, "dataset_len": 8, "sampler": "DistributedSampler", "batches": 1, "steps": 1,
+                   "batch_sizes": [4], "indices": [0, 1, 2, 3]}]
+        if rank in evaluating:
+            passes.append({"loader": 1, "dataset_len": 4, "sampler": "SequentialSampler", "batches": 1, "steps": 0,
+                           "batch_sizes": [4], "indices": [0, 1, 2, 3]})
+        write_rank_observation(tmp_path, rank, optimizer_steps=1, model=model, loader_passes=passes)
     return data_parallel.checks(observations.load(tmp_path), "gloo", len(buffers))
 
 
-def test_divergent_batchnorm_statistics_are_named_with_the_lesson_and_not_called_a_lie(tmp_path):
-    same = {"bn.running_mean": "a" * 16, "bn.running_var": "b" * 16, "bn.num_batches_tracked": "c" * 16}
-    apart = {**same, "bn.running_mean": "d" * 16, "bn.running_var": "e" * 16}
-    checks = replica_ranks(tmp_path, {0: same, 1: same, 2: apart, 3: apart})
-    replicas = by_name(checks)["replicas_identical"]
+SAME = {"bn.running_mean": "a" * 16, "bn.running_var": "b" * 16, "bn.num_batches_tracked": "c" * 16}
+APART = {**SAME, "bn.running_mean": "d" * 16, "bn.running_var": "e" * 16}
+RECORD = {"checks": {"params_identical": {"passed": True}, "buffers_identical": {"passed": True}},
+          "metrics": {"final_accuracy": 0.875}}
+
+
+def test_divergent_batchnorm_statistics_that_ranks_evaluate_with_fail_with_the_lesson_not_as_a_lie(tmp_path):
+    checks = replica_ranks(tmp_path, {0: SAME, 1: SAME, 2: APART, 3: APART}, evaluating=(0, 1, 2, 3))
+    replicas, buffers = by_name(checks)["replicas_identical"], by_name(checks)["buffers_identical"]
     assert not replicas.passed and replicas.causes == ("buffers",)
     assert replicas.detail.startswith("parameters identical; BatchNorm running statistics differ on 2 of 4 ranks "
-                                      "(ranks 2 and 3 from rank 0's, in 2 buffer(s), e.g. bn.running_mean)")
+                                      "(ranks 2 and 3 from rank 0's, in 2 buffer(s), e.g. bn.running_mean), and "
+                                      "rank 2 evaluated with them (1 loader pass(es) without an optimizer step")
     assert "BatchNorm lesson" in replicas.detail and "all-reduce" in replicas.detail  # the fix, in one line
-    record = {"checks": {"params_identical": {"passed": True}, "buffers_identical": {"passed": True}},
-              "metrics": {"final_accuracy": 0.875}}
-    claims = by_name(data_parallel.compare_claims(record, checks, measured_accuracy=0.8516, accuracy_tolerance=0.004))
+    assert not buffers.passed and not buffers.lesson  # what it evaluated depends on them: it costs
+    claims = by_name(data_parallel.compare_claims(RECORD, checks, measured_accuracy=0.8516, accuracy_tolerance=0.004))
     # Its parameters are identical: that claim stands. Its buffers are not: that one is contradicted.
     assert set(claims) == {"claim:buffers_identical", "claim:final_accuracy"}
     claim = claims["claim:final_accuracy"]
     assert (claim.passed, claim.applicable) == (True, False) and "not comparable" in claim.detail
-    # Parameters apart too: every replica claim and the accuracy are contradicted.
+    # Parameters apart too: the parameters' claim is contradicted; the accuracy, with no rank's own model
+    # measured, is not comparable: never a lie for being another, honest number.
     (tmp_path / "params").mkdir()
-    checks = replica_ranks(tmp_path / "params", {0: same, 1: apart}, params={1: "e" * 64})
+    checks = replica_ranks(tmp_path / "params", {0: SAME, 1: APART}, params={1: "e" * 64})
     assert by_name(checks)["replicas_identical"].causes == ("parameters", "buffers")
-    claims = by_name(data_parallel.compare_claims(record, checks, measured_accuracy=0.8516, accuracy_tolerance=0.004))
+    assert by_name(checks)["buffers_identical"].lesson  # they follow from the parameters: no lesson of their own
+    claims = by_name(data_parallel.compare_claims(RECORD, checks, measured_accuracy=0.8516, accuracy_tolerance=0.004))
     assert set(claims) == {"claim:params_identical", "claim:buffers_identical", "claim:final_accuracy"}
-    assert not claims["claim:final_accuracy"].passed
+    assert claims["claim:final_accuracy"].applicable is False
+    # With every rank's own model measured on what it evaluated, the claim holds where it matches an
+    # aggregate of them, and is contradicted where it matches none.
+    from harness.verdict.tolerances import own_model_claims
+
+    own = own_model_claims({"ranks": {"0": {"correct": 56, "total": 64}, "1": {"correct": 56, "total": 64}},
+                            "error": None})
+    held = by_name(data_parallel.compare_claims(RECORD, checks, measured_accuracy=0.8516, accuracy_tolerance=0.004,
+                                                own_models=own))["claim:final_accuracy"]
+    assert held.passed and held.applicable and "pooled (112/128)" in held.detail
+    lying = {**RECORD, "metrics": {"final_accuracy": 0.99}}
+    caught = by_name(data_parallel.compare_claims(lying, checks, measured_accuracy=0.8516, accuracy_tolerance=0.004,
+                                                  own_models=own))["claim:final_accuracy"]
+    assert not caught.passed and caught.detail.startswith("record claims final_accuracy 0.99, harness measured")
+
+
+def test_divergent_batchnorm_statistics_nothing_depends_on_are_a_lesson_not_a_failure(tmp_path):
+    # Rank 0 alone evaluates (the DDP tutorial's way): rank 1's statistics are its own, and unused.
+    checks = replica_ranks(tmp_path, {0: SAME, 1: APART}, evaluating=(0,))
+    replicas, buffers = by_name(checks)["replicas_identical"], by_name(checks)["buffers_identical"]
+    assert replicas.passed and "no rank holding other BatchNorm running statistics than rank 0's" in replicas.detail
+    assert not buffers.passed and buffers.lesson and "BatchNorm lesson" in buffers.detail
+    assert buffers.to_dict()["lesson"] is True
+    # A rank that saved with them makes them matter.
+    (tmp_path / "saved").mkdir()
+    replica_ranks(tmp_path / "saved", {0: SAME, 1: APART}, evaluating=(0,))
+    path = tmp_path / "saved" / "rank.1.json"
+    observed = json.loads(path.read_text())
+    observed["saves"] = [{"path": "/run/checkpoint.pt", "written_as": "/run/checkpoint.pt", "rank": 1, "steps": 1}]
+    path.write_text(json.dumps(observed))
+    saved = by_name(data_parallel.checks(observations.load(tmp_path / "saved"), "gloo", 2))
+    assert not saved["replicas_identical"].passed and "rank 1 saved them (checkpoint.pt)" in \
+        saved["replicas_identical"].detail
+    assert not saved["buffers_identical"].lesson
 
 
 def test_one_model_on_every_rank_passes_and_buffers_not_held_by_batchnorm_are_named_as_buffers(tmp_path):
     same = {"bn.running_mean": "a" * 16}
     assert by_name(replica_ranks(tmp_path, {0: same, 1: same}))["replicas_identical"].passed
     (tmp_path / "other").mkdir()
-    replica_ranks(tmp_path / "other", {0: same, 1: {"bn.running_mean": "b" * 16}})
+    replica_ranks(tmp_path / "other", {0: same, 1: {"bn.running_mean": "b" * 16}}, evaluating=(1,))
     (tmp_path / "other" / "rank.0.json").write_text((tmp_path / "other" / "rank.0.json").read_text()
                                                     .replace('"BatchNorm"', '"Embedding"'))
     checks = data_parallel.checks(observations.load(tmp_path / "other"), "gloo", 2)

@@ -91,5 +91,6 @@ def test_the_stored_verdicts_are_the_live_grade_s():
     assert replayed == live
     checks = {v["check"] for v in replayed}
     assert {"run", "time", "img_per_sec_ratio", "efficiency", "observed:shards_disjoint",
-            "observed:replicas_identical", "observed:optimizer_steps_equal"} <= checks
-    assert all(v["measured"] for v in replayed) and len(replayed) == 34
+            "observed:replicas_identical", "observed:buffers_identical", "observed:checkpoint_loads",
+            "observed:optimizer_steps_equal", "final_accuracy"} <= checks
+    assert all(v["measured"] for v in replayed) and len(replayed) == 43

@@ -27,6 +27,8 @@ class Lesson:
 
 
 DDP_ADDS = f"{TRAINING}#what-ddp-adds-labsddptrainpy"
+ONE_MODEL = f"{TRAINING}#one-model-at-the-end-of-training"
+CHECKPOINTS = f"{TRAINING}#checkpoints-that-resume"
 LESSONS = {
     "observed:shards_disjoint": Lesson(
         "Ranks trained on the same samples: each rank must see its own 1/world_size of the data, or the "
@@ -40,14 +42,32 @@ LESSONS = {
         "its seed, and without set_epoch the seed never changes.", "Call sampler.set_epoch(epoch) at the "
         "start of every epoch.", DDP_ADDS),
     "observed:replicas_identical": Lesson(
-        "The ranks ended with different models: gradients not averaged (each trained its own), or BatchNorm "
-        "running statistics left per rank (each saw only its small batch).", "Wrap the model in "
-        "DistributedDataParallel and let every backward all-reduce; average BatchNorm buffers (or --sync-bn) "
-        "before evaluating and saving.", DDP_ADDS),
+        "The ranks evaluated or saved different models: gradients not averaged (each trained its own), "
+        "parameters never made equal at the start (Horovod: no broadcast_parameters, with a seed per rank), "
+        "or BatchNorm running statistics left per rank (each saw only its small batch) on a rank that then "
+        "evaluated or saved.", "Wrap the model in DistributedDataParallel and let every backward all-reduce "
+        "(Horovod: hvd.broadcast_parameters(model.state_dict(), root_rank=0) before training); average "
+        "BatchNorm buffers (or --sync-bn) before evaluating and saving.", ONE_MODEL),
+    "observed:buffers_identical": Lesson(
+        "BatchNorm's running statistics ended different on each rank: each rank's forward updates them from "
+        "its own batches (DDP only broadcasts rank 0's at the start of each forward). Harmless where only "
+        "rank 0 evaluates and saves, as here; a rank that evaluates with its own counts with another model.",
+        "Average them over the ranks before evaluating and saving (one all_reduce of the buffers, divided by "
+        "the world size), or broadcast rank 0's.", ONE_MODEL),
+    "observed:checkpoint_loads": Lesson(
+        "The checkpoint the program saved last does not load into the model it trained: resuming from it "
+        "fails.", "Save the model's own state_dict(): under DDP, model.module.state_dict(), whose keys have "
+        "no 'module.' prefix; a dict of tensors, never the model object (torch.save(model)).", CHECKPOINTS),
+    "observed:resume_continues": Lesson(
+        "Restarted from its checkpoint, the program did not go on where it stopped: it trained an epoch "
+        "twice (the checkpoint recorded the epoch it finished, not the next one), or started again.",
+        "Save epoch + 1, the next epoch to run, with the model and optimizer, and start the loop there when "
+        "the checkpoint exists (and call sampler.set_epoch(epoch) in every epoch).", CHECKPOINTS),
     "observed:one_writer_per_checkpoint": Lesson(
         "Several ranks wrote the same checkpoint file at once: the replicas are identical, and concurrent "
-        "writes can leave a torn file.", "Save only on rank 0 (if rank == 0: torch.save(...)), then barrier.",
-        DDP_ADDS),
+        "writes can leave a torn file. LOCAL_RANK == 0 is one writer per node: on a cluster's shared file "
+        "system, one per node write the same file.", "Save only on the global rank 0 (dist.get_rank() == 0, "
+        "or RANK, never LOCAL_RANK), then barrier.", DDP_ADDS),
     "observed:process_group": Lesson(
         "The process group was not the one asked for (backend or world size), or none was made.",
         "Call dist.init_process_group(backend) with the launcher's environment (RANK, WORLD_SIZE).", DDP_ADDS),
@@ -69,9 +89,11 @@ LESSONS = {
         "Check the learning-rate scaling rule (lr x world_size) and that the labels reach the loss unchanged.",
         f"{TRAINING}#what-ddp-adds-labsddptrainpy"),
     "run": Lesson(
-        "The run did not end well: a rank failed, hung, or broke the contract.",
-        "Run it yourself (`distlab run ddp -n 2 --program yours.py -- --smoke`) and read the first failing "
-        "rank's log.",
+        "The run did not end well: a rank failed, hung, or broke the contract. The reason names the rank and "
+        "its last exception.",
+        "Run it yourself at the world size that failed (`distlab run ddp -n N --program yours.py -- --smoke`; "
+        "the grader starts a student's DDP program under torchrun at world size 1 too, `distlab run` with "
+        "plain python there unless given --launcher torchrun) and read the failing rank's log.",
         f"{CONTRACT}#the-contract"),
     "time": Lesson(
         "The slowest run took longer than the profile's time budget.",

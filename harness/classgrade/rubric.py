@@ -12,10 +12,17 @@
     visibility = "visible"                # visible | hidden | after_due_date
     absent_passes = false                 # true: no such verdict means none failed (claim:* exist only when
                                           # contradicted), full points if the runs themselves went well
+    lessons_cost = false                  # true: a lesson (below) counts as a failed check of this item
 
 An item is scored from the verdicts the grade reached, never from the program's record alone. A
 verdict that does not apply (n/a) is not counted; an item none of whose checks was judged (the
 run crashed before) earns nothing and says so.
+
+A lesson (verdicts.is_lesson) is an observed mistake that nothing the program evaluated, saved or
+reported depended on: BatchNorm statistics left apart on ranks that neither evaluate nor save
+(observed:buffers_identical). It is shown in the feedback with its fix, as a failed check is, and
+costs nothing, unless the item says `lessons_cost = true`: a course that wants the statistics
+averaged whatever the program does with them gives that item points and sets it.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from pathlib import Path
 from harness.classgrade.sandbox import GIB, Limits
 from harness.usage import UsageError
 from harness.verdict.profiles import tomllib
-from harness.verdict.verdicts import Verdict
+from harness.verdict.verdicts import Verdict, is_lesson
 
 DEFAULT = Path(__file__).resolve().parent / "rubrics" / "ddp.toml"
 VISIBILITY = ("visible", "hidden", "after_due_date")
@@ -43,6 +50,7 @@ class Item:
     partial: bool
     visibility: str
     absent_passes: bool = False
+    lessons_cost: bool = False
 
     def verdicts(self, verdicts: list[Verdict]) -> list[Verdict]:
         return [v for v in verdicts if any(fnmatch.fnmatchcase(v.check, pattern) for pattern in self.checks)]
@@ -53,6 +61,7 @@ class Score:
     item: Item
     score: float
     judged: list[Verdict]  # the verdicts it was scored on (n/a left out)
+    lessons: tuple[Verdict, ...] = ()  # lessons it shows at no cost (with lessons_cost they are in `judged`)
 
     @property
     def passed(self) -> bool:
@@ -60,7 +69,8 @@ class Score:
 
     @property
     def failed(self) -> list[Verdict]:
-        return [v for v in self.judged if v.passed is False]
+        """What the feedback shows of it: each failed check, then each lesson."""
+        return [v for v in self.judged if v.passed is False or is_lesson(v)] + list(self.lessons)
 
 
 @dataclass(frozen=True)
@@ -78,16 +88,20 @@ class Rubric:
     def score(self, verdicts: list[Verdict]) -> list[Score]:
         scores = []
         for item in self.items:
-            judged = [v for v in item.verdicts(verdicts) if v.passed is not None]
+            found = item.verdicts(verdicts)
+            judged = [v for v in found if v.passed is not None or (item.lessons_cost and is_lesson(v))]
+            lessons = () if item.lessons_cost else tuple(v for v in found if is_lesson(v))
             passed = sum(bool(v.passed) for v in judged)
             if not judged:
                 runs = [v for v in verdicts if v.check == "run"]
-                earned = item.points if item.absent_passes and runs and all(v.passed for v in runs) else 0.0
+                # A lesson was judged, at no cost: its item's points are kept.
+                earned = item.points if lessons or (item.absent_passes and runs and all(v.passed for v in runs)) \
+                    else 0.0
             elif item.partial:
                 earned = item.points * passed / len(judged)
             else:
                 earned = item.points if passed == len(judged) else 0.0
-            scores.append(Score(item, round(earned, 4), judged))
+            scores.append(Score(item, round(earned, 4), judged, lessons))
         return scores
 
     def shown(self, item: Item, now: dt.datetime | None = None) -> bool:
@@ -127,7 +141,7 @@ def load(path: Path | None = None) -> Rubric:
         where = f"items[{number}]"
         if not isinstance(raw, dict):
             raise _fail(path, f"{where} must be a table ([[items]])")
-        extra = set(raw) - {"name", "checks", "points", "partial", "visibility", "absent_passes"}
+        extra = set(raw) - {"name", "checks", "points", "partial", "visibility", "absent_passes", "lessons_cost"}
         if extra:
             raise _fail(path, f"{where} has unknown key(s) {', '.join(sorted(extra))}")
         name, checks, points = raw.get("name"), raw.get("checks"), raw.get("points")
@@ -143,9 +157,10 @@ def load(path: Path | None = None) -> Rubric:
         if visibility == "after_due_date" and due is None:
             raise _fail(path, f"{where} is visible after_due_date, but the rubric has no due date")
         partial, absent = raw.get("partial", False), raw.get("absent_passes", False)
-        if not isinstance(partial, bool) or not isinstance(absent, bool):
-            raise _fail(path, f"{where}.partial and .absent_passes must be true or false")
-        items.append(Item(name.strip(), tuple(checks), float(points), partial, visibility, absent))
+        lessons_cost = raw.get("lessons_cost", False)
+        if not all(isinstance(flag, bool) for flag in (partial, absent, lessons_cost)):
+            raise _fail(path, f"{where}.partial, .absent_passes and .lessons_cost must be true or false")
+        items.append(Item(name.strip(), tuple(checks), float(points), partial, visibility, absent, lessons_cost))
     if not items:
         raise _fail(path, "has no [[items]]; each item names the checks it scores")
     if len({item.name for item in items}) != len(items):

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.catalog import LABS, find_lab
+from harness.catalog import DEFAULT_LAUNCHER, LABS, find_lab
 from harness.run.request import RunRequest, build_request
 from harness.usage import UsageError
 from harness.verdict.profiles import Profile, against_course_lab
@@ -80,6 +80,10 @@ class GradePlan:
                                 threads=self.profile.threads_per_rank,
                                 timeout_s=self.timeout_s or exp.time_budget_s * 2, results_root=self.results_root,
                                 program=None if course else self.program(lab), gpus=self.gpus)
+        if world_size == 1 and self.program(lab) and (exp.launcher or DEFAULT_LAUNCHER[request.backend]) == "torchrun":
+            # A student's DDP program runs at world size 1 as its users run it, under torchrun (a program
+            # written for torchrun reads RANK and LOCAL_RANK); the course lab beside it the same way.
+            request = dataclasses.replace(request, launcher="torchrun")
         return dataclasses.replace(request, sandbox=list(self.sandbox)) if self.sandbox else request
 
     def reference(self, lab: str, world_size: int) -> Reference | None:

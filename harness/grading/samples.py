@@ -10,17 +10,19 @@ evaluated at all. The readers themselves take regular files of bounded size only
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from harness import files
 from harness.catalog import LABS
 from harness.console import printable
 from harness.observe import accuracy, data_parallel, observations
+from harness.on_ranks.observer.distlab_observer.fileformat import RANK_WEIGHTS_FILE
 from harness.run.request import RunRequest
 from harness.run.run_dir import OBSERVE_DIR, RUN_DIR_PLACEHOLDER
 from harness.run.state import RunResult
 from harness.verdict.profiles import LabExpectation
-from harness.verdict.tolerances import accuracy_claim_tolerance
+from harness.verdict.tolerances import accuracy_claim_tolerance, own_model_claims
 from harness.verdict.verdicts import Sample
 
 # Of a run's folder, what the grader reads past its own files: the record and the observer's folder.
@@ -64,17 +66,22 @@ def timed(result: RunResult, metric_name: str) -> Sample:
 
 
 def observed_sample(result: RunResult, exp: LabExpectation, request: RunRequest,
-                    evaluator: accuracy.Evaluator) -> Sample:
+                    evaluator: accuracy.Evaluator, more_dirs: list[Path] | None = None,
+                    roots: list[Path] | None = None) -> Sample:
     """A run as the grader judges it. For a data-parallel training lab, what the harness saw itself:
     the checks computed from every rank's observations, its training throughput, the accuracy of
-    rank 0's final weights measured on the test set, and every claim of the record that these
-    contradict."""
+    rank 0's final weights measured on the test set (and every rank's own where they differ), its
+    checkpoints loaded, and every claim of the record that these contradict. `more_dirs`: the observe
+    folders of the run's other nodes (a two-host cell, grading/cells.py), judged with its own as one
+    run's; `roots`: folders besides the run's own whose saved files may be read (their shared folder)."""
     trains_data_parallel = LABS[exp.catalog_lab].data_parallel
     sample = timed(result, exp.throughput_metric) if trains_data_parallel else sample_of(result)
     observe_dir = result.run_dir / OBSERVE_DIR
     # A run that failed is observed too: its own failed check is a claim, what the harness saw the fact.
     if not trains_data_parallel or not observe_dir.is_dir():
         return sample
+    for other in more_dirs or []:  # another node's folder was written where the program runs too
+        sample.untrusted += inspect_run_dir(other.parent)
     planted = tampers_with_the_grader(sample.untrusted)
     if planted:  # never handed to the evaluator (torch.load) or read as the observer's
         sample.measured[exp.accuracy_metric] = None
@@ -84,14 +91,31 @@ def observed_sample(result: RunResult, exp: LabExpectation, request: RunRequest,
         return sample
     lab_args = [arg.replace(RUN_DIR_PLACEHOLDER, str(result.run_dir)) for arg in request.lab_args]
     # Measured always, graded where the profile has an accuracy band: a claim is compared either way.
-    measurement = evaluator.measure(observe_dir, lab_args)
+    measurement = evaluator.measure(observe_dir, lab_args, more_dirs, roots) if more_dirs or roots else \
+        evaluator.measure(observe_dir, lab_args)
     sample.measured[exp.accuracy_metric] = measurement.get("accuracy")
     if measurement.get("error"):
         sample.measure_errors[exp.accuracy_metric] = measurement["error"]
-    checks = data_parallel.checks(observations.load(observe_dir), request.backend, request.world_size,
-                                  train_set_size=measurement.get("train_size"))
+    seen = observations.merge([observe_dir, *more_dirs]) if more_dirs else observations.load(observe_dir)
+    if measurement.get("error") is None and measurement.get("own_models") is None:
+        drop_copies_of_rank0(seen)
+    checks = data_parallel.checks(seen, request.backend, request.world_size,
+                                  train_set_size=measurement.get("train_size"),
+                                  checkpoints=measurement.get("checkpoints"))
     checks += data_parallel.compare_claims(result.record, checks, measurement.get("accuracy"),
                                            accuracy_claim_tolerance(measurement.get("total")),
-                                           measured_img_per_sec=sample.measured.get("img_per_sec"))
+                                           measured_img_per_sec=sample.measured.get("img_per_sec"),
+                                           own_models=own_model_claims(measurement.get("own_models")))
     sample.observed = [check.to_dict() for check in checks]
     return sample
+
+
+def drop_copies_of_rank0(seen: observations.Observations) -> None:
+    """The other ranks' final weights, once measured to be rank 0's own state (the evaluator asked for
+    none of them: every rank held rank 0's digest), are removed: a copy of final_weights.pt per rank
+    is some 45 MB a rank of ResNet-18, and their digests stay in each rank.<r>.json."""
+    for rank, observed in seen.ranks.items():
+        name = (observed.model or {}).get("weights_file")
+        if rank and name and name == RANK_WEIGHTS_FILE.format(rank=rank):
+            with contextlib.suppress(OSError):
+                (seen.directory / name).unlink()  # never followed: unlink removes a link, not its target

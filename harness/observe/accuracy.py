@@ -16,8 +16,17 @@ between runs, so it cannot disturb one.
 Rank 0's weights on the whole test set is the canonical measure. A data-parallel lab reports the
 sum of each rank's count on its own shard; once the ranks hold one model (BatchNorm's running
 statistics averaged, labs/TRAINING.md "One model at the end of training") that is the same model's
-accuracy, within one test image (verdict/tolerances.accuracy_claim_tolerance). A program whose ranks kept their
-own statistics counted each shard with another model: harness/observe/observations.py says so instead.
+accuracy, within one test image (verdict/tolerances.accuracy_claim_tolerance). A program whose ranks
+hold different models counted each shard with another model: where the ranks' final states differ,
+every rank's own model (final_weights.<r>.pt) is evaluated on the test images that rank evaluated
+last (its observed evaluation pass), so that a claim can be compared with what it counted
+(`own_models`; observe/data_parallel.accuracy_claim).
+
+The same process loads the last checkpoint each rank saved (`checkpoints`) into the lab's model, or,
+where the program trained a model of its own, against that model's state: a file a program wrote,
+read only inside the run's folder, as a regular file of bounded size, never through a link, with
+torch.load(weights_only=True) (no pickled code runs); what does not load is named (the DDP
+wrapper's "module." prefix, missing keys, wrong shapes).
 """
 
 from __future__ import annotations
@@ -37,10 +46,18 @@ from typing import Any
 from harness import files
 from harness.catalog import REPO
 from harness.observe.observations import read_rank_file
-from harness.on_ranks.observer.distlab_observer.fileformat import RANK_FILE, WEIGHTS_FILE
+from harness.on_ranks.observer.distlab_observer.fileformat import RANK_FILE, RANK_FILES, WEIGHTS_FILE
 
 # Rank 0's final state as the observer saved it: ResNet-18's is 45 MB; a larger file is not the labs' model.
 WEIGHTS_LIMIT = 512 << 20
+# A checkpoint holds the model and the optimizer's state (SGD with momentum: twice the model), and more.
+CHECKPOINT_LIMIT = 1 << 30
+CHECKPOINTS_READ = 8  # files opened per run at most, newest saves first: a program may save thousands
+# What wraps a model's state_dict keys when the wrapper's, not the model's, is saved.
+WRAPPER_PREFIXES = {"module.": "the DDP (or DataParallel) wrapper's state_dict was saved, every key prefixed "
+                               "'module.'; save model.module.state_dict()",
+                    "_orig_mod.": "torch.compile's wrapper's state_dict was saved, every key prefixed '_orig_mod.'; "
+                                  "save the original module's state_dict()"}
 BACKENDS = ["gloo", "nccl", "mpi", "horovod", "none"]  # any backend the lab ran with: it does not matter here
 
 
@@ -68,12 +85,19 @@ class Evaluator:
                                 stdout=subprocess.PIPE, stderr=self.stderr, text=True, cwd=REPO, env=env,
                                 start_new_session=True)
 
-    def measure(self, observe_dir: Path | str, lab_args: list[str]) -> dict[str, Any]:
-        """Rank 0's final weights in `observe_dir` evaluated; "error" says why not."""
+    def measure(self, observe_dir: Path | str, lab_args: list[str], more_dirs: list[Path] | None = None,
+                roots: list[Path] | None = None) -> dict[str, Any]:
+        """Rank 0's final weights in `observe_dir` evaluated, every rank's own where they differ, and the
+        last checkpoints loaded; "error" says why the accuracy was not measured. `more_dirs`: the observe
+        folders of the run's other nodes; `roots`: folders besides the run's own whose files may be read
+        (a two-host cell's shared folder)."""
         if self.process is None or self.process.poll() is not None:
             self.close()
             self.process = self._start()
-        request = json.dumps({"observe_dir": str(observe_dir), "lab_args": lab_args})
+        asked: dict[str, Any] = {"observe_dir": str(observe_dir), "lab_args": lab_args}
+        if more_dirs or roots:
+            asked.update(more_dirs=[str(d) for d in more_dirs or []], roots=[str(r) for r in roots or []])
+        request = json.dumps(asked)
         try:
             self.process.stdin.write(request + "\n")  # type: ignore[union-attr]
             self.process.stdin.flush()  # type: ignore[union-attr]
@@ -110,13 +134,60 @@ class Evaluator:
         return ended
 
 
-def measure_accuracy(observe_dir: Path, lab_args: list[str]) -> dict[str, Any]:
-    """Rank 0's observed final weights, evaluated on the lab's test set."""
+def lab_flags(lab_args: list[str]) -> argparse.Namespace:
+    """The lab's own data and model flags, parsed by the shared parser; the lab's other flags are ignored."""
+    from labs.common import flags
+    from labs.common.contract import add_contract_args
+
+    parser = argparse.ArgumentParser(prog="lab", add_help=False)
+    add_contract_args(parser, BACKENDS, default_backend="none")
+    flags.add_training_args(parser)
+    args, _ = parser.parse_known_args(lab_args)
+    flags.resolve_training_args(parser, args)
+    return args
+
+
+def rank_files(observe_dirs: list[Path]) -> dict[int, tuple[Path, dict[str, Any]]]:
+    """Every rank's observations in these folders (a node's each), by rank: the folder and the file."""
+    found: dict[int, tuple[Path, dict[str, Any]]] = {}
+    for directory in observe_dirs:
+        for path in sorted(directory.glob(RANK_FILES)):
+            with contextlib.suppress(OSError, ValueError):
+                data = read_rank_file(path)
+                found.setdefault(int(data["rank"]), (directory, data))
+    return found
+
+
+def final_state(directory: Path, observed: dict[str, Any], rank: int) -> tuple[dict[str, Any] | None, str | None]:
+    """A rank's final state as the observer saved it, checked against the digest it observed; or why not."""
     import torch
 
     from harness.on_ranks.observer.distlab_observer.digests import state_digest
-    from labs.common import data, flags, models
-    from labs.common.contract import add_contract_args
+
+    model = observed.get("model") or {}
+    name = model.get("weights_file") or (WEIGHTS_FILE if rank == 0 else None)
+    if not model.get("state_sha256"):
+        return None, f"the observer found no trained model on rank {rank}"
+    if not name or "/" in name or name.startswith("."):
+        return None, f"rank {rank} left no final weights (an observer before version 2, or a stopped attempt)"
+    try:  # what the run left: a regular file of bounded size, never through a link (harness/files.py)
+        weights = files.read_regular_file(directory / name, WEIGHTS_LIMIT)
+    except FileNotFoundError:
+        return None, f"no {name} in {directory}"
+    state = torch.load(io.BytesIO(weights), map_location="cpu", weights_only=True)
+    if state_digest(state) != model["state_sha256"]:
+        return None, f"{name} is not the state the observer saw on rank {rank}"
+    return state, None
+
+
+def measure_accuracy(observe_dir: Path, lab_args: list[str], more_dirs: list[Path] | None = None,
+                     roots: list[Path] | None = None) -> dict[str, Any]:
+    """Rank 0's observed final weights, evaluated on the lab's test set; every rank's own model on what
+    it evaluated where the ranks' states differ; each rank's last checkpoint loaded."""
+    import torch
+
+    from harness.on_ranks.observer.distlab_observer.digests import state_digest
+    from labs.common import data, models
 
     rank0 = read_rank_file(observe_dir / RANK_FILE.format(rank=0))
     observed = (rank0.get("model") or {}).get("state_sha256")
@@ -132,19 +203,17 @@ def measure_accuracy(observe_dir: Path, lab_args: list[str]) -> dict[str, Any]:
         return {"accuracy": None, "weights_sha256": found, "observed_sha256": observed,
                 "error": f"{WEIGHTS_FILE} is not the state the observer saw on rank 0"}
 
-    # The lab's own data and model flags, parsed by the shared parser; the lab's other flags are ignored.
-    parser = argparse.ArgumentParser(prog="lab", add_help=False)
-    add_contract_args(parser, BACKENDS, default_backend="none")
-    flags.add_training_args(parser)
-    args, _ = parser.parse_known_args(lab_args)
-    flags.resolve_training_args(parser, args)
+    args = lab_flags(lab_args)
+    ranks = rank_files([observe_dir, *(more_dirs or [])])
+    run_roots = [observe_dir.parent, *(roots or [])]  # the run's folder: observe/ is in it
 
     model = models.build_model(args.stem)
     try:
         model.load_state_dict(state)
-    except RuntimeError as error:
+    except RuntimeError as error:  # a model of the program's own: its checkpoints are held against its state
         return {"accuracy": None, "error": f"the final weights do not fit build_model({args.stem!r}): "
-                                           f"{str(error).strip().splitlines()[0]}"}
+                                           f"{str(error).strip().splitlines()[0]}",
+                "checkpoints": checkpoints(ranks, run_roots, state, None)}
     device = models.pick_device(args)
     model = model.to(device)
     if args.channels_last:
@@ -155,13 +224,233 @@ def measure_accuracy(observe_dir: Path, lab_args: list[str]) -> dict[str, Any]:
                                             device).tolist()
     return {"accuracy": correct / total, "correct": int(correct), "total": int(total), "weights_sha256": found,
             "observed_sha256": observed, "device": str(device), "precision": args.precision,
-            "train_size": args.train_size, "error": None}  # train_size: for data_parallel.checks(train_set_size=...)
+            "train_size": args.train_size, "error": None,  # train_size: for data_parallel.checks(train_set_size=...)
+            "checkpoints": checkpoints(ranks, run_roots, state, lambda: models.build_model(args.stem)),
+            "own_models": own_models(ranks, observed, test_set, args, device)}
 
 
-def answer(observe_dir: Path, lab_args: list[str]) -> dict[str, Any]:
+def own_models(ranks: dict[int, tuple[Path, dict[str, Any]]], rank0_digest: str, test_set: Any,
+               args: argparse.Namespace, device: Any) -> dict[str, Any] | None:
+    """Where the ranks' final states differ: each rank's own model on the test images of its last
+    evaluation pass after training ({"ranks": {r: {"correct", "total"}}}, ranks that evaluated
+    nothing of the test set left out), or "error" saying why it could not be measured. None where
+    every rank holds rank 0's state: rank 0's measure is every rank's."""
+    import torch
+
+    from labs.common import data, models
+
+    digests = {rank: (observed.get("model") or {}).get("state_sha256") for rank, (_, observed) in ranks.items()}
+    if all(digest == rank0_digest for digest in digests.values()):
+        return None
+    evaluated: dict[int, list[int]] = {}
+    for rank, (_, observed) in sorted(ranks.items()):
+        indices = last_evaluation(observed, len(test_set))
+        if indices is not None:
+            evaluated[rank] = indices
+    if not evaluated:
+        return {"ranks": {}, "error": f"no rank evaluated a set of the test set's length ({len(test_set)}) after "
+                                      "its last training pass"}
+    precision = models.make_precision(args, device)
+    correct_by_digest: dict[str, torch.Tensor] = {}
+    counted = {}
+    for rank, indices in evaluated.items():
+        digest = digests[rank]
+        if digest not in correct_by_digest:
+            directory, observed = ranks[rank]
+            state, problem = final_state(directory, observed, rank)
+            if state is None:
+                return {"ranks": {}, "error": problem}
+            model = models.build_model(args.stem)
+            model.load_state_dict(state)
+            model = model.to(device)
+            if args.channels_last:
+                model = model.to(memory_format=torch.channels_last)
+            correct_by_digest[digest] = correct_per_image(model, data.test_loader(test_set, 4 * args.batch_size, args),
+                                                          precision, args, device)
+        right = correct_by_digest[digest]
+        counted[str(rank)] = {"correct": int(right[torch.as_tensor(indices, dtype=torch.long)].sum()),
+                              "total": len(indices)}
+    return {"ranks": counted, "error": None}
+
+
+def last_evaluation(observed: dict[str, Any], test_size: int) -> list[int] | None:
+    """The sample indices of a rank's last pass without an optimizer step after its last training pass,
+    over a dataset of the test set's length: what it last evaluated (None: nothing such)."""
+    passes = observed.get("loader_passes") or []
+    last_training = max((i for i, p in enumerate(passes) if p.get("steps")), default=None)
+    if last_training is None:
+        return None
+    for p in reversed(passes[last_training + 1:]):
+        if not p.get("steps") and p.get("dataset_len") == test_size and not p.get("non_integer") and p.get("indices"):
+            indices = p["indices"]
+            return indices if all(0 <= i < test_size for i in indices) else None
+    return None
+
+
+def correct_per_image(model: Any, loader: Any, precision: Any, args: argparse.Namespace, device: Any) -> Any:
+    """Whether the model's answer is right, for each test image in order (models.count_correct's loop)."""
+    import torch
+
+    from labs.common import models
+
+    model.eval()
+    right = []
+    with torch.no_grad():
+        for images, labels, _ in loader:
+            images, labels = models.to_device(images, labels, device, args.channels_last)
+            with precision.autocast():
+                right.append((model(images).argmax(dim=1) == labels).cpu())
+    return torch.cat(right)
+
+
+# --------------------------------------------------------------------------------------------- checkpoints
+
+
+def checkpoints(ranks: dict[int, tuple[Path, dict[str, Any]]], roots: list[Path], final: dict[str, Any],
+                build: Any) -> list[dict[str, Any]]:
+    """The last file each rank saved that holds a model state, loaded: into `build()` (the lab's
+    model) with strict keys, or, without `build`, against the keys and shapes of the model the program
+    trained (`final`, rank 0's final state). One entry per file read: path (from its root), rank,
+    loads (None: not a model's state), what it was loaded into, and what was found."""
+    entries: list[dict[str, Any]] = []
+    read: set[str] = set()
+    for rank, (_, observed) in sorted(ranks.items()):
+        for save in reversed(observed.get("saves") or []):
+            path = str(save.get("path", ""))
+            if path in read:
+                break  # a file another rank's check (or this rank's newer save) already read
+            if len(read) >= CHECKPOINTS_READ:
+                return entries
+            read.add(path)
+            entry = load_checkpoint(Path(path), roots, final, build)
+            entry["rank"] = rank
+            entries.append(entry)
+            if entry["loads"] is not None:
+                break  # this rank's last checkpoint
+    return entries
+
+
+def load_checkpoint(path: Path, roots: list[Path], final: dict[str, Any], build: Any) -> dict[str, Any]:
+    import torch
+
+    shown, problem = inside(path, roots)
+    entry: dict[str, Any] = {"path": shown, "loads": None, "into": "the lab's model" if build else
+                             "the model the program trained"}
+    if problem:
+        return {**entry, "detail": problem}
+    try:
+        raw = files.read_regular_file(path, CHECKPOINT_LIMIT)
+    except (OSError, ValueError) as error:
+        return {**entry, "detail": f"not read ({type(error).__name__}: {error})"}
+    try:
+        saved = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - torch raises many types for what it refuses
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        if "weights_only" in str(error) or "Unsupported global" in str(error):
+            return {**entry, "loads": False, "detail": "torch.load(weights_only=True) refuses it: it pickles "
+                    "objects, not tensors (torch.save(model) saves the class, not the weights); save "
+                    f"model.state_dict() ({first[:160]})"}
+        return {**entry, "detail": f"not a file torch.load reads ({type(error).__name__}: {first[:160]})"}
+    wanted = {name: tuple(value.shape) for name, value in final.items() if isinstance(value, torch.Tensor)}
+    if build is not None:
+        model = build()
+        wanted = {name: tuple(value.shape) for name, value in model.state_dict().items()}
+    where, state = model_state(saved, set(wanted))
+    if state is None:
+        return {**entry, "detail": "holds no model state"}
+    entry["key"] = where
+    problem = fits(state, wanted)
+    if problem is None and build is not None:
+        try:
+            model.load_state_dict(state, strict=True)
+        except (RuntimeError, ValueError, KeyError) as error:
+            problem = (str(error).strip().splitlines() or ["load_state_dict failed"])[0][:200]
+    if problem:
+        return {**entry, "loads": False, "detail": problem}
+    return {**entry, "loads": True, "detail": f"{len(state)} tensors{f' under {where!r}' if where else ''}, "
+                                              "every key and shape the model's (strict)"}
+
+
+def inside(path: Path, roots: list[Path]) -> tuple[str, str | None]:
+    """The path as shown (from its root), and why it may not be read: outside every root, or through
+    a link (the run's own processes are stopped: nothing changes it while it is checked)."""
+    for root in roots:
+        root = Path(os.path.realpath(root))
+        try:
+            relative = path.relative_to(root)
+        except ValueError:
+            continue
+        if ".." in relative.parts:
+            break
+        current = root
+        for part in relative.parts[:-1]:
+            current = current / part
+            if current.is_symlink():
+                return str(relative), f"not read: {current.relative_to(root)} is a link"
+        return str(relative), None
+    return str(path), "saved outside the run's folder: not read"
+
+
+def model_state(saved: Any, wanted: set[str], depth: int = 0) -> tuple[str, dict[str, Any] | None]:
+    """The mapping of tensors in a saved object that best matches the model's keys (a wrapper's prefix
+    taken off), and where it was ("" for the object itself, or its key): None where none is a model's
+    state (fewer than half the model's keys, each way)."""
+    import torch
+
+    best: tuple[int, str, dict[str, Any] | None] = (0, "", None)
+    if not isinstance(saved, dict):
+        return "", None
+    tensors = {k: v for k, v in saved.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
+    if tensors:
+        overlap = len(wanted & {unwrapped(k) for k in tensors})
+        if overlap * 2 >= len(wanted) and overlap * 2 >= len(tensors):
+            best = (overlap, "", saved)
+    if depth < 2:
+        for key, value in saved.items():
+            if isinstance(value, dict):
+                where, state = model_state(value, wanted, depth + 1)
+                if state is not None:
+                    overlap = len(wanted & {unwrapped(k) for k in state if isinstance(k, str)})
+                    if overlap > best[0]:
+                        best = (overlap, f"{key}.{where}" if where else str(key), state)
+    return best[1], best[2]
+
+
+def unwrapped(key: str) -> str:
+    for prefix in WRAPPER_PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
+def fits(state: dict[str, Any], wanted: dict[str, tuple[int, ...]]) -> str | None:
+    """Why a saved state does not load into a model with these keys and shapes (None: it does)."""
+    keys = {k for k in state if isinstance(k, str)}
+    for prefix, why in WRAPPER_PREFIXES.items():
+        if keys and all(k.startswith(prefix) for k in keys) and not (keys & set(wanted)):
+            return why
+    missing, unexpected = sorted(set(wanted) - keys), sorted(keys - set(wanted))
+    if missing or unexpected:
+        said = []
+        if missing:
+            said.append(f"{len(missing)} of the model's keys missing (e.g. {missing[0]})")
+        if unexpected:
+            said.append(f"{len(unexpected)} keys the model does not have (e.g. {unexpected[0]})")
+        return "; ".join(said) + ": save the model's own state_dict() (model.module's under DDP)"
+    shapes = [(k, tuple(getattr(state[k], "shape", ())), wanted[k]) for k in sorted(wanted)
+              if tuple(getattr(state[k], "shape", ())) != wanted[k]]
+    if shapes:
+        name, saved, model = shapes[0]
+        return (f"{len(shapes)} tensor(s) of another shape (e.g. {name}: saved {list(saved)}, the model's "
+                f"{list(model)}): the checkpoint is of another model")
+    return None
+
+
+def answer(observe_dir: Path, lab_args: list[str], more_dirs: list[Path] | None = None,
+           roots: list[Path] | None = None) -> dict[str, Any]:
     """`measure_accuracy`, with every failure turned into an "error": one JSON answer whatever happens."""
     try:
-        return measure_accuracy(observe_dir, lab_args)
+        return measure_accuracy(observe_dir, lab_args, more_dirs, roots)
     except SystemExit as stop:  # the shared parser refusing the lab's flags
         return {"accuracy": None, "error": f"the lab's arguments do not parse (exit {stop.code})"}
     except Exception as error:  # noqa: BLE001
@@ -176,7 +465,9 @@ def serve() -> int:
     try:
         for line in sys.stdin:
             request = json.loads(line)
-            answers.write(json.dumps(answer(Path(request["observe_dir"]), request["lab_args"])) + "\n")
+            answers.write(json.dumps(answer(Path(request["observe_dir"]), request["lab_args"],
+                                            [Path(d) for d in request.get("more_dirs", [])],
+                                            [Path(r) for r in request.get("roots", [])])) + "\n")
             answers.flush()
     except KeyboardInterrupt:  # the grade was stopped: it closes this process itself
         return 130

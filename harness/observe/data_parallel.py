@@ -24,17 +24,28 @@ The rules, per check:
   training epochs (a DistributedSampler without set_epoch repeats its permutation). With fewer
   than two training epochs there is nothing to compare: the check is not applicable, which
   counts as passed (`applicable` is False and the detail says so; a grader shows it as n/a).
-- replicas_identical: every rank's final parameters and buffers are bitwise equal: one model. The
-  parameters are equal after every step of a correct run; BatchNorm's running statistics are not
-  unless the program makes them so: each rank updates them from its own batches (DDP broadcasts
-  rank 0's at the start of each forward, and the forward moves them again), so a program that
-  evaluates or saves without averaging them (labs/common/replicas.average_buffers) holds a
-  different model on every rank. That is the course's BatchNorm lesson, and the detail names it
-  with its fix. Which parts differ are the check's `causes` ("parameters", "buffers"): a claim is
-  contradicted only by the part it is about (CLAIMS).
+- replicas_identical: the model every rank evaluated, saved or reported is one model. Every rank's
+  final parameters are bitwise equal, and so are its buffers, unless a rank holding buffers other
+  than rank 0's did nothing with them: no evaluation pass (a loader pass without a step) after
+  training began, no torch.save. The parameters are equal after every step of a correct run;
+  BatchNorm's running statistics are not unless the program makes them so: each rank updates them
+  from its own batches (DDP broadcasts rank 0's at the start of each forward, and the forward moves
+  them again), so a program that evaluates or saves on every rank without averaging them
+  (labs/common/replicas.average_buffers) holds a different model on every rank, and fails. One
+  that evaluates and saves on rank 0 alone (the PyTorch DDP tutorial) outputs one model: rank 0's.
+  Which parts differ are the check's `causes` ("parameters", "buffers"): a claim is contradicted
+  only by the part it is about (CLAIMS).
+- buffers_identical: every rank's final buffers are bitwise equal. Where they differ and nothing
+  depended on them (above), it is a lesson (Check.lesson): the course's BatchNorm lesson, with its
+  fix, costing nothing unless a rubric says so (harness/classgrade/rubric.py, lessons_cost). Where
+  the parameters differ too, the buffers follow from them: a lesson, and the replicas check fails.
+- checkpoint_loads: the last file each rank saved that holds a model state loads into the model
+  (harness/observe/accuracy.py loads it, in its own process): the lab's, or the model the program
+  trained where that is not the lab's. Not applicable where no rank saved one.
 - one_writer_per_checkpoint: no file (the path a torch.save ended up at, following a rename) was
   saved by more than one rank.
-- optimizer_steps_equal: every rank took the same number of optimizer steps.
+- optimizer_steps_equal: every rank took the same number of optimizer steps. Steps taken outside
+  any training pass are named: Horovod's broadcast_optimizer_state takes one on a fresh optimizer.
 - observer: the observer itself ran without an error on every rank and all its files were readable.
 """
 
@@ -52,7 +63,7 @@ from harness.observe.observations import Observations, RankObservation
 # (equal parameters beside differing BatchNorm statistics: params_identical is true). None: any.
 CLAIMS: dict[str, tuple[str, str | None]] = {
     "params_identical": ("replicas_identical", "parameters"),
-    "buffers_identical": ("replicas_identical", "buffers"),
+    "buffers_identical": ("buffers_identical", None),
     "replicas_identical": ("replicas_identical", None),
     "shards_disjoint": ("shards_disjoint", None),
     "shards_cover": ("shards_cover", None),
@@ -66,6 +77,10 @@ CLAIMS: dict[str, tuple[str, str | None]] = {
 BATCHNORM_LESSON = ("the BatchNorm lesson (labs/TRAINING.md, \"One model at the end of training\"): average the "
                     "running statistics over the ranks before evaluating and saving (one all-reduce, then divide "
                     "by the world size), or broadcast rank 0's")
+# Where a rank's optimizer steps outside its training passes come from, when the launcher's library says so.
+HOROVOD_INIT_STEP = ("Horovod's broadcast_optimizer_state steps a fresh optimizer once with zero gradients to "
+                     "create its state: with weight decay that step shrinks every weight; call it only when "
+                     "resuming (the course lab does)")
 # A program times its own steps its own way (with or without loading the next batch, say): its
 # img_per_sec is a claim to contradict only when it exceeds the harness's by more than this factor.
 THROUGHPUT_CLAIM_FACTOR = 1.5
@@ -78,21 +93,27 @@ class Check:
     detail: str  # one line: what the harness saw
     applicable: bool = True  # False: nothing to judge (passed is then True, the detail says why)
     causes: tuple[str, ...] = ()  # what failed, where a check can fail for more than one thing (CLAIMS)
+    # A failed check that costs nothing here (nothing the program evaluated, saved or reported depended
+    # on it): the grader shows it as a lesson, with the fix (verdicts.observed_verdicts).
+    lesson: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "passed": self.passed, "detail": self.detail, "applicable": self.applicable}
+        found = {"name": self.name, "passed": self.passed, "detail": self.detail, "applicable": self.applicable}
+        return {**found, "lesson": True} if self.lesson else found
 
 
 
 def checks(observations: Observations, expected_backend: str, expected_world_size: int,
-           train_set_size: int | None = None) -> list[Check]:
-    """Every data-parallel check, judged from the observations alone."""
+           train_set_size: int | None = None, checkpoints: list[dict[str, Any]] | None = None) -> list[Check]:
+    """Every data-parallel check, judged from the observations (and `checkpoints`: the evaluator's
+    loading of the saved files, accuracy.py; None where it was not asked, no such check)."""
     ranks = [observations.ranks[r] for r in sorted(observations.ranks)]
     return [
         check_process_group(observations, expected_backend, expected_world_size),
         *check_shards(ranks, train_set_size),
         check_order_changes(ranks),
-        check_replicas(ranks),
+        *check_replicas(ranks),
+        *([] if checkpoints is None else [check_checkpoints(checkpoints)]),
         check_one_writer(ranks),
         check_steps(ranks),
         check_observer(observations),
@@ -101,16 +122,14 @@ def checks(observations: Observations, expected_backend: str, expected_world_siz
 
 
 def compare_claims(record: dict[str, Any] | None, observed: list[Check], measured_accuracy: float | None = None,
-                   accuracy_tolerance: float = 1e-6, measured_img_per_sec: float | None = None) -> list[Check]:
+                   accuracy_tolerance: float = 1e-6, measured_img_per_sec: float | None = None,
+                   own_models: list[tuple[str, float, float]] | str | None = None) -> list[Check]:
     """A failed check for each claim of the record that the harness observed to be false.
 
     A claim is a check the record says passed; the observed check it names (CLAIMS) failed, for the
     cause the claim is about. With measured_accuracy (harness/observe/accuracy.py), the record's
-    final_accuracy is a claim too, judged like with like: where the ranks' buffers differ (observed),
-    each rank evaluated its own model, so the lab's sum over shards and rank 0's model on the whole
-    test set are honestly different numbers, and the claim is not applicable (the replicas check
-    fails, with the lesson). With measured_img_per_sec (`throughput`), its img_per_sec, beyond
-    THROUGHPUT_CLAIM_FACTOR.
+    final_accuracy is a claim too, judged like with like (`accuracy_claim`). With
+    measured_img_per_sec (`throughput`), its img_per_sec, beyond THROUGHPUT_CLAIM_FACTOR.
     """
     by_name = {check.name: check for check in observed}
     contradicted = []
@@ -121,17 +140,11 @@ def compare_claims(record: dict[str, Any] | None, observed: list[Check], measure
                 and (about is None or not check.causes or about in check.causes):
             contradicted.append(Check(f"claim:{claim}", False, f"record claims {claim}, {check.detail}"))
     claimed = ((record or {}).get("metrics") or {}).get("final_accuracy")
-    if measured_accuracy is not None and isinstance(claimed, (int, float)) \
-            and abs(claimed - measured_accuracy) > accuracy_tolerance:
-        says = (f"record claims final_accuracy {claimed:.6g}, harness measured {measured_accuracy:.6g} from "
-                "rank 0's final weights")
-        replicas = by_name.get("replicas_identical")
-        if replicas is not None and replicas.causes == ("buffers",):
-            contradicted.append(Check("claim:final_accuracy", True, f"{says}: not comparable, the ranks' buffers "
-                                      "differ (observed:replicas_identical), so each rank counted its test shard "
-                                      "with a model of its own", applicable=False))
-        else:
-            contradicted.append(Check("claim:final_accuracy", False, says))
+    if isinstance(claimed, (int, float)) and not isinstance(claimed, bool):
+        found = accuracy_claim(float(claimed), by_name.get("replicas_identical"), measured_accuracy,
+                               accuracy_tolerance, own_models)
+        if found is not None:
+            contradicted.append(found)
     rate = ((record or {}).get("metrics") or {}).get("img_per_sec")
     if measured_img_per_sec and isinstance(rate, (int, float)) \
             and rate > THROUGHPUT_CLAIM_FACTOR * measured_img_per_sec:
@@ -139,6 +152,44 @@ def compare_claims(record: dict[str, Any] | None, observed: list[Check], measure
                                   f"record claims img_per_sec {rate:.4g}, harness timed {measured_img_per_sec:.4g} "
                                   f"from every rank's optimizer steps"))
     return contradicted
+
+
+def accuracy_claim(claimed: float, replicas: Check | None, measured: float | None, tolerance: float,
+                   own_models: list[tuple[str, float, float]] | str | None) -> Check | None:
+    """The record's final_accuracy against what it was about (None: nothing to say).
+
+    One model on every rank (the replicas check found nothing apart): rank 0's weights on the whole
+    test set, within `tolerance`. Where the ranks hold different models, each counted what it
+    evaluated with its own: the claim is compared with the aggregates of every rank's own model on
+    the test images that rank evaluated (`own_models`: (what, accuracy, tolerance) each, from
+    harness/observe/accuracy.py's measures by verdict/tolerances.own_model_claims: the images
+    pooled, or each rank's accuracy averaged; or why they could not be measured) and with rank 0's
+    model on the whole set, and holds if it matches one. Where the ranks' own models could not be
+    measured it is not comparable, and says why: never called a lie for being a different, honest
+    number.
+    """
+    name = "claim:final_accuracy"
+    apart = replicas is not None and bool(replicas.causes)
+    if not apart:
+        if measured is None or abs(claimed - measured) <= tolerance:
+            return None
+        return Check(name, False, f"record claims final_accuracy {claimed:.6g}, harness measured {measured:.6g} from "
+                                  "rank 0's final weights")
+    own = own_models if isinstance(own_models, list) else []
+    candidates = own + ([] if measured is None else [("rank 0's model on the whole test set", measured, tolerance)])
+    says = f"record claims final_accuracy {claimed:.6g}"
+    matched = next(((what, value) for what, value, allowed in candidates if abs(claimed - value) <= allowed), None)
+    if matched:
+        return Check(name, True, f"{says}: {matched[0]} measured {matched[1]:.6g} (the ranks' final states differ, "
+                                 "observed:replicas_identical: the claim is held against what was counted)")
+    shown = "; ".join(f"{what} {value:.6g}" for what, value, _ in candidates)
+    if not own:
+        why = own_models if isinstance(own_models, str) else "no rank's own model was evaluated on what it evaluated"
+        return Check(name, True, f"{says}: not comparable, the ranks' final states differ "
+                                 f"(observed:replicas_identical) and {why}" + (f" (harness measured {shown})"
+                                                                               if shown else ""), applicable=False)
+    return Check(name, False, f"{says}, harness measured {shown}: none of them, each rank's own model held "
+                              "against what it evaluated (the ranks' final states differ, observed:replicas_identical)")
 
 
 # -------------------------------------------------------------------------------------------- checks
@@ -244,12 +295,14 @@ def check_order_changes(ranks: list[RankObservation]) -> Check:
     return Check(name, True, f"every rank's order changed between each of its {epochs} training epochs{note}")
 
 
-def check_replicas(ranks: list[RankObservation]) -> Check:
+def check_replicas(ranks: list[RankObservation]) -> list[Check]:
+    """replicas_identical and buffers_identical (the module's docstring has the rules)."""
     name = "replicas_identical"
     without = [r.rank for r in ranks if not r.model]
     if not ranks or without:
-        return Check(name, False, f"harness found no trained model on rank {_join(without) or '(none)'} "
-                                  "(no optimizer step, or the observer could not find the module)")
+        why = (f"harness found no trained model on rank {_join(without) or '(none)'} (no optimizer step, or the "
+               "observer could not find the module)")
+        return [Check(name, False, why), Check("buffers_identical", False, why)]
     first, others = ranks[0], ranks[1:]
     differing = {r.rank: _buffers_differing(first.model, r.model) for r in others
                  if r.model.get("buffers_sha256") != first.model.get("buffers_sha256")}
@@ -259,22 +312,51 @@ def check_replicas(ranks: list[RankObservation]) -> Check:
         for r in ranks:
             groups.setdefault(r.model["params_sha256"], []).append(r.rank)
         split = "; ".join(f"rank {_join(rs)}: {digest[:12]}" for digest, rs in groups.items())
-        return Check(name, False, f"harness observed {len(params)} distinct digests of the final parameters "
-                                  f"over {len(ranks)} ranks ({split})",
-                     causes=("parameters", "buffers") if differing else ("parameters",))
+        return [Check(name, False, f"harness observed {len(params)} distinct digests of the final parameters "
+                                   f"over {len(ranks)} ranks ({split})",
+                      causes=("parameters", "buffers") if differing else ("parameters",)),
+                Check("buffers_identical", False, "the buffers differ too, as the models do: they follow from the "
+                                                  "parameters (observed:replicas_identical), no lesson of their own",
+                      causes=("buffers",), lesson=True) if differing else
+                Check("buffers_identical", True, f"the buffers are equal on all {len(ranks)} ranks; the parameters are "
+                                                 "not (observed:replicas_identical)")]
     if not differing:
-        return Check(name, True, f"final parameters and buffers bitwise equal on all {len(ranks)} ranks "
-                                 f"({next(iter(params))[:12]}): one model")
+        same = f"final parameters and buffers bitwise equal on all {len(ranks)} ranks ({next(iter(params))[:12]})"
+        return [Check(name, True, f"{same}: one model"), Check("buffers_identical", True, same)]
     names = sorted({buffer for buffers in differing.values() for buffer in buffers})
     kinds = (first.model.get("buffers") or {})
     batchnorm = bool(names) and all((kinds.get(buffer) or {}).get("module") == "BatchNorm" for buffer in names)
     what = "BatchNorm running statistics" if batchnorm else "buffers"
     which = f", in {len(names)} buffer(s), e.g. {names[0]}" if names else ""
     who = f"rank{'s' if len(differing) > 1 else ''} {_join(sorted(differing), ' and ')}"
-    return Check(name, False, f"parameters identical; {what} differ on {len(differing)} of {len(ranks)} ranks "
-                              f"({who} from rank {first.rank}'s{which}): each rank holds "
-                              "a different model to evaluate and save"
-                              + (f"; {BATCHNORM_LESSON}" if batchnorm else ""), causes=("buffers",))
+    apart = f"{what} differ on {len(differing)} of {len(ranks)} ranks ({who} from rank {first.rank}'s{which})"
+    lesson = f"; {BATCHNORM_LESSON}" if batchnorm else ""
+    used = [f"rank {r.rank} {' and '.join(uses)}" for r in others if r.rank in differing
+            for uses in [_uses(r)] if uses]
+    if used:
+        return [Check(name, False, f"parameters identical; {apart}, and {'; '.join(used)}: each rank "
+                                   f"holds a different model to evaluate and save{lesson}", causes=("buffers",)),
+                Check("buffers_identical", False, f"{apart}: what the program evaluated or saved on "
+                                                  f"{'those ranks' if len(used) > 1 else 'that rank'} depends on "
+                                                  f"them{lesson}", causes=("buffers",))]
+    unused = (f"no rank holding other {what} than rank {first.rank}'s evaluated or saved after training began, so "
+              f"the model the program evaluated and saved is rank {first.rank}'s")
+    return [Check(name, True, f"final parameters bitwise equal on all {len(ranks)} ranks ({next(iter(params))[:12]}); "
+                              f"{apart}, but {unused} (observed:buffers_identical)", causes=("buffers",)),
+            Check("buffers_identical", False, f"{apart}; {unused}{lesson}", causes=("buffers",), lesson=True)]
+
+
+def _uses(rank: RankObservation) -> list[str]:
+    """What a rank did with its model after training began: evaluated (a pass without a step), saved."""
+    uses = []
+    evaluated = rank.evaluations_after_training
+    if evaluated:
+        uses.append(f"evaluated with them ({len(evaluated)} loader pass(es) without an optimizer step, "
+                    f"{sum(len(p.indices) for p in evaluated)} samples)")
+    saved = rank.saves_after_training
+    if saved:
+        uses.append(f"saved them ({Path(saved[-1]['path']).name})")
+    return uses
 
 
 def _buffers_differing(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -309,9 +391,46 @@ def check_steps(ranks: list[RankObservation]) -> Check:
     steps = {r.rank: r.optimizer_steps for r in ranks}
     if not steps:
         return Check(name, False, "harness observed no rank")
+    outside = _steps_outside(ranks)
     if len(set(steps.values())) > 1:
-        return Check(name, False, "harness observed " + ", ".join(f"rank {r} took {n} steps" for r, n in steps.items()))
-    return Check(name, True, f"every rank took {next(iter(steps.values()))} optimizer steps")
+        return Check(name, False, "harness observed " + ", ".join(f"rank {r} took {n} steps" for r, n in steps.items())
+                     + outside)
+    return Check(name, True, f"every rank took {next(iter(steps.values()))} optimizer steps{outside}")
+
+
+def _steps_outside(ranks: list[RankObservation]) -> str:
+    """The steps every rank took outside its training passes, and where they come from if known."""
+    outside = {r.rank: r.optimizer_steps - sum(p.steps for p in r.passes) for r in ranks}
+    if not any(outside.values()):
+        return ""
+    counts = set(outside.values())
+    inside = {r.rank: r.optimizer_steps - outside[r.rank] for r in ranks}
+    what = (f"{next(iter(inside.values()))} in its training passes and {next(iter(counts))} outside any"
+            if len(counts) == 1 and len(set(inside.values())) == 1 else
+            ", ".join(f"rank {r}: {n} outside its training passes" for r, n in outside.items()))
+    before = all(r.training_epochs and r.training_epochs[0].steps_before == outside[r.rank] for r in ranks)
+    horovod = all(r.process_groups and r.process_groups[-1]["api"] == "horovod" for r in ranks)
+    if before and horovod and counts == {1}:
+        return f" ({what}, before the first: {HOROVOD_INIT_STEP})"
+    return f" ({what}{', before the first' if before else ''})"
+
+
+def check_checkpoints(found: list[dict[str, Any]]) -> Check:
+    """The evaluator's loading of each rank's last saved model state (harness/observe/accuracy.py)."""
+    name = "checkpoint_loads"
+    checked = [entry for entry in found if entry.get("loads") is not None]
+    if not checked:
+        skipped = "; ".join(entry["detail"] for entry in found)
+        return Check(name, True, "not applicable: no file a rank saved holds a model state"
+                     + (f" ({skipped})" if skipped else ""), applicable=False)
+    failing = [entry for entry in checked if not entry["loads"]]
+    if failing:
+        entry = failing[0]
+        return Check(name, False, f"{entry['path']} (rank {entry['rank']}'s last checkpoint) does not load into "
+                                  f"{entry.get('into', 'the model')}: {entry['detail']}"
+                     + (f" (and {len(failing) - 1} more)" if len(failing) > 1 else ""))
+    return Check(name, True, "; ".join(f"{entry['path']} (rank {entry['rank']}'s last checkpoint) loads into "
+                                       f"{entry.get('into', 'the model')}: {entry['detail']}" for entry in checked))
 
 
 def check_observer(observations: Observations) -> Check:

@@ -48,6 +48,7 @@ class LoaderPass:
     started: float | None = None  # the rank's perf_counter when the pass first drew from its loader
     step_times: list[float] = field(default_factory=list)  # when each optimizer step of the pass ended
     step_images: list[int] = field(default_factory=list)  # images the pass had handed out by each step
+    steps_before: int | None = None  # optimizer steps the rank had taken when the pass began (None: version 1)
 
 
 @dataclass
@@ -59,10 +60,24 @@ class RankObservation:
     saves: list[dict[str, Any]]
     model: dict[str, Any] | None
     errors: list[str]
+    stopped: dict[str, Any] | None = None  # a resume cell's stop of this attempt (observer.py)
+    loads: list[dict[str, Any]] = field(default_factory=list)  # every torch.load of a file (version 2)
 
     @property
     def training_epochs(self) -> list[LoaderPass]:
         return [p for p in self.passes if p.steps > 0]
+
+    @property
+    def evaluations_after_training(self) -> list[LoaderPass]:
+        """Passes without an optimizer step that came after the rank's first training pass: what it
+        evaluated (a test set, or anything it counted) with the model training had made."""
+        first = next((i for i, p in enumerate(self.passes) if p.steps > 0), len(self.passes))
+        return [p for p in self.passes[first + 1:] if p.steps == 0]
+
+    @property
+    def saves_after_training(self) -> list[dict[str, Any]]:
+        """Its torch.saves once it had taken an optimizer step (every save, in a version-1 file)."""
+        return [save for save in self.saves if save.get("steps", 1) > 0]
 
 
 @dataclass
@@ -100,8 +115,9 @@ def load(observe_dir: Path | str) -> Observations:
                 rank=rank, process_groups=data["process_groups"], optimizer_steps=int(data["optimizer_steps"]),
                 passes=[LoaderPass(p["loader"], p["dataset_len"], p["sampler"], p["batches"], p["steps"],
                                    p["batch_sizes"], p["indices"], p.get("started"), p.get("step_times", []),
-                                   p.get("step_images", [])) for p in data["loader_passes"]],
-                saves=data["saves"], model=data["model"], errors=data["errors"])
+                                   p.get("step_images", []), p.get("steps_before")) for p in data["loader_passes"]],
+                saves=data["saves"], model=data["model"], errors=data["errors"], stopped=data.get("stopped"),
+                loads=data.get("loads", []))
         except (OSError, ValueError, KeyError, TypeError) as error:
             observations.problems.append(f"{path.name} unreadable ({type(error).__name__}: {error})")
     for path in sorted(directory.glob(ERRORS_FILES)):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import traceback
 from dataclasses import asdict
@@ -50,7 +51,8 @@ def account(run: PreparedRun, outcome: Outcome) -> RunResult:
     elif outcome.stopped_by is not None:
         reason = f"stopped by {signal_name(outcome.stopped_by)}"
     elif failure:
-        reason = f"{failure.describe()} (launcher exit code {returncode})"
+        reason = f"{failure.describe()} (launcher exit code {returncode})" + exception_said(request, failure,
+                                                                                          rank_logs)
     else:
         reason = None
     lost = [error for error in outcome.errors if "output lost" in error or error.startswith("rank logs")]
@@ -106,6 +108,43 @@ def account(run: PreparedRun, outcome: Outcome) -> RunResult:
             outcome.errors.append(f"epochs.csv: {error.strerror or error}")
     write_run_json(run, outcome, result, rank_logs, record_error)
     return result
+
+
+# Python's last line of a traceback: the exception's type (dotted or not) and its message.
+EXCEPTION_LINE = re.compile(r"([A-Za-z_][\w.]*(?::.*)?)$")
+# What a program started without a launcher misses: the variables torchrun sets (a torchrun-only program).
+LAUNCHER_VARIABLES = re.compile(r"environment variable (RANK|WORLD_SIZE|LOCAL_RANK|MASTER_ADDR|MASTER_PORT) expected|"
+                                r"KeyError: '(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT)'")
+
+
+def last_exception(text: str) -> str | None:
+    """The last exception a Python traceback in this output names, as its last line says it."""
+    lines = text.splitlines()
+    start = max((i for i, line in enumerate(lines) if "Traceback (most recent call last):" in line), default=None)
+    if start is None:
+        return None
+    for line in lines[start + 1:]:
+        bare = re.sub(r"^\[rank\d+\]:\s?", "", line)
+        if bare and not bare[0].isspace():
+            found = EXCEPTION_LINE.match(bare.strip())
+            return found.group(1) if found else None
+    return None
+
+
+def exception_said(request: RunRequest, failure: Failure, rank_logs: dict[int, Path]) -> str:
+    """The failing rank's last exception line (or the first rank's that has one), for the reason; and,
+    for a program started by plain python that wanted torchrun's variables, why and what to do."""
+    ranks = ([failure.rank] if failure.rank in rank_logs else []) + sorted(r for r in rank_logs if r != failure.rank)
+    for rank in ranks:
+        line = last_exception(read_end(rank_logs[rank]))
+        if line:
+            said = f"; rank {rank}'s last exception: {printable(line)[:300]}"
+            if request.launcher == "python" and LAUNCHER_VARIABLES.search(line):
+                said += ("; at world size 1 the program was started with plain python, which sets none of "
+                         "torchrun's RANK, LOCAL_RANK, WORLD_SIZE: start it with --launcher torchrun, or let it "
+                         "default to rank 0 of 1 where they are unset")
+            return said
+    return ""
 
 
 def write_record(run: PreparedRun, outcome: Outcome, record: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ report paths) is one plain word, and the lab arguments never set what the harnes
     [measured]  where, how, date, repeats, versions        (provenance of the numbers)
     [match]     gpus, gpu_model, min_cores                 (which hosts it fits)
     [labs.NAME] world_sizes, args, world_size_args, backend, launcher, time_budget_s, required_checks,
-                accuracy_delta, efficiency_min, throughput_metric, accuracy_metric
+                accuracy_delta, efficiency_min, throughput_metric, accuracy_metric, cell, stop_after_epochs
     [labs.NAME.metrics.METRIC]  min/max | value+tolerance | expected{ws}+at_least_fraction
 """
 
@@ -99,6 +99,12 @@ class LabExpectation:
     # bands and comparisons across world sizes are reported with this explanation instead of graded
     # (being worse is its point); its run, checks, observations, claims and time budget are graded.
     lesson: str = ""
+    # How each run of the row is made (harness/grading/cells.py): "one-host" (a run on this host),
+    # "two-hosts" (its ranks split over two network-namespace hosts that share the run's folder) or
+    # "resume" (stopped after stop_after_epochs training epochs, restarted from its checkpoint by
+    # torchrun, and compared with an uninterrupted run).
+    cell: str = "one-host"
+    stop_after_epochs: int = 1
 
     @property
     def catalog_lab(self) -> str:
@@ -214,7 +220,8 @@ def _world_size_key(size: Any) -> bool:
 
 LAB_KEYS = {"world_sizes", "args", "world_size_args", "backend", "launcher", "time_budget_s", "required_checks",
             "accuracy_delta", "accuracy_metric", "efficiency_min", "throughput_metric", "metrics", "reference",
-            "lab", "single_device", "lesson"}
+            "lab", "single_device", "lesson", "cell", "stop_after_epochs"}
+CELLS = ("one-host", "two-hosts", "resume")
 
 
 def _listed_sizes(table: Any) -> list[Any]:
@@ -285,7 +292,19 @@ def _lab(reader: _Reader, name: str) -> LabExpectation:
         program_lab=reader.get("lab", str, "a lab name (the catalog's) that this row runs", ""),
         single_device=reader.get("single_device", str, "a lab row of this profile graded at world size 1", None),
         lesson=reader.get("lesson", str, "the effect this row shows, in a sentence", ""),
+        cell=_cell(reader, sizes),
+        stop_after_epochs=int(reader.number("stop_after_epochs", 1, low=1, high=1000)),
     )
+
+
+def _cell(reader: _Reader, sizes: list[int]) -> str:
+    cell = reader.get("cell", str, f"one of {', '.join(CELLS)}", "one-host")
+    if cell not in CELLS:
+        raise reader.fail("cell", f"one of {', '.join(CELLS)}", cell)
+    if cell != "one-host" and sizes != [2]:
+        raise reader.fail("world_sizes", f"[2] for a {cell} cell (one rank per host, or two ranks to stop and "
+                                         "restart)", sizes)
+    return cell
 
 
 def _reference(reader: _Reader, bands: tuple[Band, ...]) -> str | None:

@@ -21,6 +21,9 @@ from harness.verdict.profiles import Band, LabExpectation, Profile
 from harness.verdict.stats import efficiency as scaling_efficiency
 from harness.verdict.stats import mean_ci
 
+LESSON = "lesson"  # a verdict's `measured` where an observed check is a lesson: failed, at no cost (passed None)
+NOT_RUN = "not run"  # a Sample's status where its cell could not run here (grading/cells.py), with the reason
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -61,6 +64,12 @@ class Sample:
     # Entries of the run's folder that are not regular files or folders (links, FIFOs, devices), by
     # path from the folder: never followed or opened (grading/samples.py, inspect_run_dir).
     untrusted: list[str] = field(default_factory=list)
+
+
+def is_lesson(verdict: Verdict) -> bool:
+    """An observed finding the course teaches that nothing the program output depended on: shown with
+    its lesson and fix, costing nothing unless a rubric says so (classgrade/rubric.py, lessons_cost)."""
+    return verdict.passed is None and verdict.measured == LESSON
 
 
 def metric(record: dict[str, Any] | None, name: str) -> float | None:
@@ -159,6 +168,8 @@ def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
                   reference: float | None = None) -> list[Verdict]:
     """Everything checked on the runs of one lab at one world size (`reference`: see band_verdict)."""
     lab = exp.lab
+    if samples and all(s.status == NOT_RUN for s in samples):  # nothing ran: one row says why, judged n/a
+        return [Verdict(lab, world_size, "run", NOT_RUN, "all ok", None, samples[0].reason or "")]
     failed = [s for s in samples if s.status != "ok"]
     verdicts = [Verdict(lab, world_size, "run", f"{len(samples) - len(failed)}/{len(samples)} ok",
                         "all ok", not failed, failed[0].reason or "" if failed else "")]
@@ -173,18 +184,53 @@ def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
             verdicts.append(Verdict(lab, world_size, f"check:{name}", "passed" if not bad else "FAILED", "passed",
                                     not bad, str(detail) if detail else ""))
     verdicts += observed_verdicts(lab, world_size, samples)
-    slowest = max(s.wall_seconds for s in samples)
-    verdicts.append(Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s",
-                            slowest <= exp.time_budget_s, "slowest run's wall time",
-                            margin=below(slowest, exp.time_budget_s)))
     ok_samples = [s for s in samples if s.status == "ok"]
+    slowest = max(s.wall_seconds for s in samples)
+    if ok_samples:
+        verdicts.append(Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s",
+                                slowest <= exp.time_budget_s, "slowest run's wall time",
+                                margin=below(slowest, exp.time_budget_s)))
+    elif slowest > exp.time_budget_s:  # failed runs that also ran past the budget (a hang, say): failed
+        verdicts.append(Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s", False,
+                                f"slowest run's wall time; no run finished well ({_failures(failed)})",
+                                margin=below(slowest, exp.time_budget_s)))
+    else:  # within the budget, a crash's wall time says nothing of the program's speed: not a pass
+        verdicts.append(Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s", None,
+                                f"not judged: no run finished well ({_failures(failed)})"))
     for band in exp.bands:
         if not ok_samples:
-            verdicts.append(Verdict(lab, world_size, band.metric, "-", band.describe(world_size), False,
-                                    "no successful run to measure"))
+            verdicts.append(Verdict(lab, world_size, f"{band.metric}_ratio" if band.at_least_ratio else band.metric,
+                                    "not measured", band.describe(world_size), False,
+                                    f"no run finished well to measure {band.metric} in ({_failures(failed)})"))
         else:
             verdicts.append(as_lesson(exp, band_verdict(lab, world_size, band, ok_samples, reference)))
+    if not any(band.metric == exp.accuracy_metric for band in exp.bands):
+        verdicts += shown_accuracy(exp, world_size, ok_samples)
     return verdicts
+
+
+def _failures(failed: list[Sample]) -> str:
+    return f"{len(failed)} run(s) failed" + (f"; the first: {failed[0].reason}" if failed[0].reason else "")
+
+
+def shown_accuracy(exp: LabExpectation, world_size: int, samples: list[Sample]) -> list[Verdict]:
+    """The accuracy the harness measured, where the profile has no band for it: shown, never graded
+    (passed None), with what the program reported beside it. Nothing where it was not measured."""
+    name = exp.accuracy_metric
+    tried = [s for s in samples if name in s.measured]
+    if not tried:
+        return []
+    values = [s.measured[name] for s in tried]
+    claimed = ", ".join("-" if c is None else f"{c:.4g}" for c in (metric(s.record, name) for s in tried))
+    if any(v is None for v in values):
+        errors = [s.measure_errors[name] for s in tried if name in s.measure_errors]
+        return [Verdict(exp.lab, world_size, name, "not measured", "no band (shown)", None,
+                        f"the harness could not measure it: {errors[0] if errors else 'no answer'}; the program "
+                        f"reported {claimed}")]
+    how = f"mean of {len(values)} run(s), " if len(values) > 1 else ""
+    return [Verdict(exp.lab, world_size, name, fmt(mean_ci(values).mean), "no band (shown)", None,  # type: ignore[arg-type]
+                    f"{how}measured by the harness from rank 0's final weights; the program reported {claimed}; "
+                    "the profile grades no accuracy here")]
 
 
 def as_lesson(exp: LabExpectation, verdict: Verdict) -> Verdict:
@@ -206,8 +252,11 @@ def observed_verdicts(lab: str, world_size: int, samples: list[Sample]) -> list[
         found = [check for s in samples for check in s.observed if check["name"] == name]
         failing = [check for check in found if not check["passed"]]
         label = name if name.startswith("claim:") else f"observed:{name}"
-        if failing:
-            verdicts.append(Verdict(lab, world_size, label, "FAILED", "passed", False, failing[0]["detail"]))
+        costing = [check for check in failing if not check.get("lesson")]
+        if failing and not costing:  # a lesson in every run that failed it (data_parallel.Check.lesson)
+            verdicts.append(Verdict(lab, world_size, label, LESSON, "passed", None, f"lesson: {failing[0]['detail']}"))
+        elif failing:
+            verdicts.append(Verdict(lab, world_size, label, "FAILED", "passed", False, costing[0]["detail"]))
         elif not any(check.get("applicable", True) for check in found):
             verdicts.append(Verdict(lab, world_size, label, "n/a", "passed", None, found[0]["detail"]))
         else:

@@ -12,9 +12,17 @@ wait for the program to import torch (and horovod.torch); nothing is imported be
   the time it ended and the images its pass had handed out by then: the harness times training
   itself, rather than reading the program's img_per_sec;
 - every torch.save, by resolved path, followed through a rename (checkpoints are written to a
-  temporary file and renamed into place);
-- at exit: the model the optimizers trained (found from their parameters), its state's digests and,
-  on rank 0, the state itself (final_weights.pt), so the harness can evaluate it on its own.
+  temporary file and renamed into place), with the optimizer steps taken before it: the harness
+  loads the last one into the model itself (harness/observe/accuracy.py); and every torch.load of a
+  file (the first LOADS_KEPT), so a resumed run shows which checkpoint it read;
+- at exit: the model the optimizers trained (found from their parameters), its state's digests and
+  the state itself (final_weights.pt on rank 0, final_weights.<r>.pt on the others), so the harness
+  can evaluate each rank's own model where the replicas differ.
+
+A resume cell asks the first attempt to stop (fileformat.STOP_AFTER_EPOCHS): once that many
+training epochs are done, at the first optimizer step of the next, the observer writes this
+attempt's observations to <directory>/stopped/ and ends the rank (fileformat.STOP_EXIT_CODE), as a
+failure would; torchrun then starts every rank again, and the program resumes from its checkpoint.
 
 Everything goes to <directory>/rank.<r>.json at exit, written atomically; nothing is written per step.
 The hooks cost a list append per batch, a clock read and two array appends per step. Any failure of
@@ -38,11 +46,22 @@ from collections.abc import Callable
 from typing import Any
 
 from .digests import state_digest
-from .fileformat import ERRORS_FILE, RANK_FILE, SCHEMA, SCHEMA_VERSION, WEIGHTS_FILE
+from .fileformat import (
+    ERRORS_FILE,
+    RANK_FILE,
+    RANK_WEIGHTS_FILE,
+    SCHEMA,
+    SCHEMA_VERSION,
+    STOP_AFTER_EPOCHS,
+    STOP_EXIT_CODE,
+    STOPPED_DIR,
+    WEIGHTS_FILE,
+)
 
 # Where a rank's number is before any process group exists, launcher by launcher (labs/README.md).
 _os_replace = os.replace  # the real one: ours is hooked once torch loads
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "SLURM_PROCID")
+LOADS_KEPT = 100  # torch.loads of files noted per rank
 
 _observer: Observer | None = None
 
@@ -170,6 +189,7 @@ class PassRecorder:
         kept = sum(self.batch_lengths[:self.yielded])
         return {"loader": self.loader, "dataset": self.dataset, "dataset_len": self.dataset_len,
                 "sampler": self.sampler, "batches": self.yielded, "steps": self.steps_end - self.steps_start,
+                "steps_before": self.steps_start,
                 "batch_sizes": sorted(set(self.batch_lengths[:self.yielded])), "non_integer": self.non_integer,
                 "indices": self.indices[:kept].tolist(), "started": self.started,
                 "step_times": self.step_times.tolist(), "step_images": self.step_images.tolist()}
@@ -190,10 +210,13 @@ class Observer:
         self.optimizers: list[Any] = []  # kept alive: the program's may be gone by exit
         self.model: Any = None
         self.saves: list[dict[str, Any]] = []
+        self.loads: list[dict[str, Any]] = []
         self.saved_paths: dict[str, dict[str, Any]] = {}
         self.errors: list[str] = []
         self.torch: Any = None
         self._original_save: Any = None
+        self.stop_after = _stop_after()  # training epochs before a resume cell's stop; None: never
+        self.stopped: dict[str, Any] | None = None
 
     # ------------------------------------------------------------------------------------- errors
 
@@ -327,6 +350,8 @@ class Observer:
         # class's (Horovod's DistributedOptimizer) fires them twice: only the outermost step counts.
         def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
             self.step_depth += 1
+            if self.stop_after is not None and self.step_depth == 1:
+                self._stop_if_due()
 
         def post(optimizer: Any, args: Any, kwargs: Any) -> None:
             self.step_depth -= 1
@@ -349,6 +374,20 @@ class Observer:
         hooks = importlib.import_module("torch.optim.optimizer")  # torch.optim deletes the attribute
         hooks.register_optimizer_step_pre_hook(pre)
         hooks.register_optimizer_step_post_hook(post)
+
+    def _stop_if_due(self) -> None:
+        """A resume cell's stop: at the first step of a pass, once stop_after training passes are done.
+        The pass just begun is left out (it took no step), the observations written, the rank ended."""
+        current = self.last_batch_from
+        if current is None or self.steps != current.steps_start:
+            return
+        done = sum(1 for p in self.passes if p is not current and p.steps_end > p.steps_start)
+        if done < self.stop_after:
+            return
+        self.passes.remove(current)
+        self.stopped = {"after_epochs": done, "steps": self.steps}
+        self.finish()
+        os._exit(STOP_EXIT_CODE)  # no handler of the program runs: the rank ends as a killed one would
 
     def _note_optimizer(self, optimizer: Any) -> None:
         if any(known is optimizer for known in self.optimizers):
@@ -380,6 +419,18 @@ class Observer:
         torch.serialization.save = save
         if torch.save is original:
             torch.save = save
+        original_load = torch.serialization.load
+
+        @functools.wraps(original_load)
+        def load(f: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original_load(f, *args, **kwargs)
+            if len(self.loads) < LOADS_KEPT:  # a program may torch.load its data too: thousands of files
+                self.guard("torch.load", self._note_load, f)
+            return result
+
+        torch.serialization.load = load
+        if torch.load is original_load:
+            torch.load = load
         # A checkpoint is commonly written to a temporary file and renamed into place: follow it.
         for name in ("replace", "rename"):
             self._hook_rename(name)
@@ -401,9 +452,14 @@ class Observer:
         if not isinstance(target, (str, bytes, os.PathLike)):
             return  # an in-memory buffer: nothing on disk
         path = os.path.realpath(os.fsdecode(target))
-        entry = {"path": path, "written_as": path, "rank": self.rank()}
+        entry = {"path": path, "written_as": path, "rank": self.rank(), "steps": self.steps}
         self.saves.append(entry)
         self.saved_paths[path] = entry
+
+    def _note_load(self, f: Any) -> None:
+        target = f if isinstance(f, (str, bytes, os.PathLike)) else getattr(f, "name", None)
+        if isinstance(target, (str, bytes, os.PathLike)):
+            self.loads.append({"path": os.path.realpath(os.fsdecode(target)), "steps": self.steps})
 
     def _note_rename(self, src: Any, dst: Any, kwargs: dict[str, Any]) -> None:
         if kwargs.get("src_dir_fd") is not None or kwargs.get("dst_dir_fd") is not None:
@@ -435,15 +491,18 @@ class Observer:
             if not (self.process_groups or self.passes or self.steps or self.saves):
                 return  # a launcher, a DataLoader worker, a helper process
             rank = self.rank()
-            os.makedirs(self.directory, exist_ok=True)
+            directory = os.path.join(self.directory, STOPPED_DIR) if self.stopped else self.directory
+            os.makedirs(directory, exist_ok=True)
             observed = {
                 "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "rank": rank, "rank_source": self.rank_source(),
                 "pid": os.getpid(), "argv": sys.argv, "process_groups": self.process_groups,
                 "optimizer_steps": self.steps, "loader_passes": [p.to_json() for p in self.passes],
-                "saves": self.saves, "model": self.guard("final model", self._final_model, rank),
+                "saves": self.saves, "loads": self.loads,
+                "model": self.guard("final model", self._final_model, rank),
                 "errors": self.errors,  # the same list: the final model's errors are in it too
+                "stopped": self.stopped,
             }
-            _write_atomically(os.path.join(self.directory, RANK_FILE.format(rank=rank)), _json_bytes(observed))
+            _write_atomically(os.path.join(directory, RANK_FILE.format(rank=rank)), _json_bytes(observed))
         except Exception as error:  # noqa: BLE001
             self.error("finish", error)
 
@@ -467,13 +526,22 @@ class Observer:
                         for name, owner in _buffer_owners(self.model).items() if name in state},
             "weights_file": None,
         }
-        if rank == 0:
-            path = os.path.join(self.directory, WEIGHTS_FILE)
+        if self.stopped is None:  # a stopped attempt's model is not the run's: the resumed one's is
+            name = WEIGHTS_FILE if rank == 0 else RANK_WEIGHTS_FILE.format(rank=rank)
+            path = os.path.join(self.directory, name)
             temporary = f"{path}.{os.getpid()}.tmp"
             self._original_save(state, temporary)
             _os_replace(temporary, path)
-            found["weights_file"] = WEIGHTS_FILE
+            found["weights_file"] = name
         return found
+
+
+def _stop_after() -> int | None:
+    """The training epochs a resume cell lets the first attempt run (None: no stop, or a restart)."""
+    value = os.environ.get(STOP_AFTER_EPOCHS, "")
+    if not value.isdigit() or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None
+    return int(value)
 
 
 def _buffer_owners(model: Any) -> dict[str, str]:
