@@ -425,6 +425,7 @@ def python_others_may_run():
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                     reason="the uid sandbox needs root and setpriv")
 @pytest.mark.integration
+@pytest.mark.timeout(CLASS_TIMEOUT_S)
 def test_without_namespaces_the_uid_sandbox_keeps_each_job_to_its_own(tmp_path, python_others_may_run):
     results = Path(tempfile.mkdtemp(prefix="distlab-uid-", dir="/var/tmp"))  # below folders others may pass
     try:

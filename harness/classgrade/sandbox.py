@@ -483,12 +483,19 @@ def bwrap_argv(spec: Spec, run_dir: str, command: list[str], tool: str = "bwrap"
     return argv + ["--", *as_the_jobs_uid(spec, command)]
 
 
+# RLIMIT_NPROC a little above the cgroup's pids.max: where both hold, the cgroup must refuse first, for
+# its "max" event is what names the breach (the rlimit only makes fork fail, and a fork bomb that
+# retries then runs to its wall time unnamed: seen in uid mode, where no root process of bwrap's
+# counts in the cgroup beside the job's); where there is no cgroup, the rlimit still bounds it.
+NPROC_MARGIN = 32
+
+
 def as_the_jobs_uid(spec: Spec, command: list[str]) -> list[str]:
     """`command` as the job's uid and gid (never root), no capabilities, no_new_privs, and its rlimits."""
     limits = Limits(**spec.limits)
     return ["setpriv", f"--reuid={spec.uid}", f"--regid={spec.uid}", "--clear-groups", "--no-new-privs",
             "--inh-caps=-all", "--bounding-set=-all",
-            "prlimit", f"--nofile={limits.open_files}", f"--nproc={limits.processes}",
+            "prlimit", f"--nofile={limits.open_files}", f"--nproc={limits.processes + NPROC_MARGIN}",
             f"--fsize={limits.output_bytes}", "--core=0", "--", *command]
 
 
@@ -545,6 +552,7 @@ def enter(argv: list[str]) -> None:
     if spec.mode == "uid":
         argv, env = uid_argv(spec, run_dir, command)
         load_seccomp()  # what bwrap's --seccomp does, here by prctl
+        os.chdir(run_dir)  # as bwrap's --chdir: the program starts in its own folder
         os.execvpe(argv[0], argv, env)
     tool = shutil.which("bwrap") or "bwrap"
     os.execv(tool, bwrap_argv(spec, run_dir, command, tool, seccomp_fd=_seccomp_fd()))
