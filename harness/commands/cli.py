@@ -28,7 +28,15 @@ from harness.commands.verbs import (
 from harness.console import console
 from harness.run.errors import HarnessError, RunStopped
 from harness.run.launchers import LAUNCHERS
-from harness.usage import Parser, UsageError, positive_float, positive_int, split_lab_args, world_size_list
+from harness.usage import (
+    Parser,
+    UsageError,
+    absolute_path,
+    positive_float,
+    positive_int,
+    split_lab_args,
+    world_size_list,
+)
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +45,7 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", help="communication backend (default: the lab's)")
     parser.add_argument("--threads", type=positive_int, help="OMP threads per rank (default: cores / world size)")
     parser.add_argument("--timeout", type=positive_float, default=900.0, help="seconds before the run is ended")
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
+    parser.add_argument("--results", type=absolute_path, default="results", help="results root (default ./results)")
     parser.add_argument("--program", type=Path, help="run this program instead of the lab's own (same contract)")
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="torchrun: restart all ranks this often after a failure (elastic)")
@@ -62,7 +70,7 @@ def add_grade_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=positive_int, default=1, help="runs per lab and world size")
     parser.add_argument("--program", action="append", metavar="LAB=PATH",
                         help="grade this program for LAB instead of the lab's own (repeatable)")
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
+    parser.add_argument("--results", type=absolute_path, default="results", help="results root (default ./results)")
     parser.add_argument("--timeout", type=positive_float, help="seconds per run (default: 2 x the time budget)")
 
 
@@ -82,7 +90,7 @@ def add_scale_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive_int, default=1,
                         help="OMP threads per rank, the same at every world size (default 1)")
     parser.add_argument("--timeout", type=positive_float, default=900.0, help="seconds before one run is ended")
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
+    parser.add_argument("--results", type=absolute_path, default="results", help="results root (default ./results)")
 
 
 
@@ -276,7 +284,7 @@ def build_parser() -> Parser:
     acceptance = command("acceptance", help="a fresh GPU host, end to end: every lab on NCCL, calibrate, grade",
                          description="Doctor, every lab at world sizes 1..N on the visible GPUs, benchmarks, a "
                                      "profile calibrated for this GPU and a grade against it; one folder, one archive.")
-    acceptance.add_argument("--results", type=Path, default=Path("results"), help="results root")
+    acceptance.add_argument("--results", type=absolute_path, default="results", help="results root")
     acceptance.add_argument("--dry-run", action="store_true",
                             help="print every step with its expected seconds; start nothing")
     acceptance.add_argument("--gpus", type=positive_int,
