@@ -34,7 +34,7 @@ TORCHVISION_VERSION = os.environ.get("TORCHVISION_VERSION", "0.29.1")
 TORCH_INDEX_URL = os.environ.get("TORCH_INDEX_URL", "")  # e.g. https://download.pytorch.org/whl/cpu
 ENV_DIR = ROOT / ".nox" / "env"
 ENV_BIN = ENV_DIR / "bin"
-INSTALL_INPUTS = ["noxfile.py", "pyproject.toml", "docker/horovod/build_horovod.py", *sorted(
+INSTALL_INPUTS = ["noxfile.py", "pyproject.toml", "setup.py", "docker/horovod/build_horovod.py", *sorted(
     str(p.relative_to(ROOT)) for p in (ROOT / "docker/horovod/patches").glob("*.patch"))]
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
 sys.path.insert(0, str(ROOT))  # the lab catalog is plain Python (standard library only): read, not repeated
