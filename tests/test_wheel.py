@@ -11,12 +11,14 @@ wheel's `distlab` package is found.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -140,3 +142,18 @@ def test_grade_outside_the_checkout_measures_the_accuracy_itself(venv, tmp_path)
     command = (run_dir / "command.txt").read_text()
     assert str(installed / "labs" / "baseline" / "train.py") in command
     assert str(REPO) not in command
+
+
+def test_the_autograder_bundle_builds_from_the_installed_package(venv, tmp_path):
+    """The bundle carries harness/ and labs/ as the installation has them: here, the wheel's (no git)."""
+    (tmp_path / "submissions").mkdir()
+    done = outside(venv, "distlab", "grade-class", "submissions", "--autograder", "gradescope.zip", "--lessons",
+                   "https://example.org/course/blob/main/", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    archive = zipfile.ZipFile(tmp_path / "gradescope.zip")
+    with tarfile.open(fileobj=io.BytesIO(archive.read("distlab.tar"))) as tar:
+        names = set(tar.getnames())
+        provenance = json.loads(tar.extractfile("VERSION.json").read())
+    assert {"harness/classgrade/rubrics/ddp.toml", "harness/classgrade/gradescope.py", "labs/ddp/train.py"} <= names
+    assert provenance["git_commit"] is None  # the wheel's files, not a checkout's
+    assert json.loads(archive.read("autograder.json"))["lab"] == "ddp"
