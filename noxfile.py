@@ -277,6 +277,17 @@ def image(session: nox.Session) -> None:
                 + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in timings.items()))
 
 
+@nox.session(venv_backend="none", requires=["env"], default=False)
+def gradescope(session: nox.Session) -> None:
+    """The Gradescope bundle in a container laid out as Gradescope's, with its limits: setup, then four submissions."""
+    # docker/engine.sh installs podman where no engine answers; its last line is "ENGINE BASE".
+    engine = session.run("docker/engine.sh", external=True, silent=True, env={"BASE": "unused"}).split()[-2]
+    started = time.monotonic()
+    _run_in_env(session, "pytest", "-p", "no:xdist", "tests/test_gradescope.py", *session.posargs,
+                env={"DISTLAB_ENGINE_TESTS": "1", "ENGINE": engine})
+    session.log(f"gradescope: {time.monotonic() - started:.0f} s in all; figures in results/gradescope/summary.json")
+
+
 @nox.session(venv_backend="none", default=False)
 def gpu(session: nox.Session) -> None:
     """On a GPU host, in the GPU image (make image): the GPU acceptance on GPUS GPUs (default: all)."""

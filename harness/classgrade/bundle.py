@@ -43,9 +43,11 @@ from labs.common.host import git_commit
 # ranks, in seconds-long runs (cpu-smoke's ddp row; the class benchmark of docs/grading-class.md used
 # it), so that a submission grades within Gradescope's default 10 minutes on the CPUs the grade needs.
 DEFAULT_PROFILE, DEFAULT_WORLD_SIZES = "cpu-smoke", [2]
-# What one submission's grade used at world size 2, measured in Gradescope's layout with 2 CPUs
-# (tests/test_gradescope.py, docs/grading-class.md): the container's cgroup peak, grader, both ranks,
-# the course lab's runs beside it and the accuracy evaluator included, rounded up with room.
+# The memory one submission's grade is given: 1 GiB for the grader, the launcher and the accuracy
+# evaluator, 1 GiB per rank. At world size 2 (3 GiB) in the Gradescope-like container
+# (tests/test_gradescope.py, docs/grading-class.md), with PyPI's CUDA torch, the correct program's
+# grade reached the limit (cgroup v1 counts page cache, which the kernel reclaimed) and no process
+# was killed; the wrong one's peaked at 2.3 GiB.
 MEMORY_PER_RANK_BYTES = 1 << 30
 MEMORY_BASE_BYTES = 1 << 30
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
@@ -128,8 +130,8 @@ def _package_tar() -> bytes:
                 name = path.relative_to(REPO).as_posix()
                 if path.is_file() and not path.is_symlink() and not SKIPPED.search(name):
                     tar.add(path, arcname=name, recursive=False)
-        provenance = {"distlab": _version("distlab", "unknown"), "git_commit": git_commit(REPO),
-                      "built": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        # No date: the same installation makes the same bundle, byte for byte (an image built from it is cached).
+        provenance = {"distlab": _version("distlab", "unknown"), "git_commit": git_commit(REPO)}
         for name, text in (("requirements.txt", _requirements()), ("VERSION.json", json.dumps(provenance) + "\n")):
             info = tarfile.TarInfo(name)
             info.size = len(text.encode())
