@@ -25,7 +25,7 @@ export RUNTIME ENGINE GPUS NP BACKEND LAB_ARGS DRY_RUN
 
 .DEFAULT_GOAL := help
 .PHONY: help setup test lint grade grade-smoke grade-gpu gpu-acceptance gpu-wheels doctor data calibrate bench-train bench-allreduce bench-verdict slurm \
-        image image-cpu image-test gpu clean
+        image image-cpu image-test gradescope-test gpu clean
 
 help: ## list every target with one line
 	@grep -hE '^[a-zA-Z_%-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-18s %s\n", $$1, $$2}'
@@ -90,6 +90,9 @@ image-cpu: ## build the CPU image distlab:cpu (ENGINE, BASE, TORCH_INDEX_URL, EX
 
 image-test: $(NOX) ## build the CPU image and run the check and DDP labs in it (slow; installs podman if needed)
 	$(NOX) -s image
+
+gradescope-test: $(NOX) ## the Gradescope bundle in a Gradescope-like container with its limits (slow; builds a 7 GB image)
+	$(NOX) -s gradescope
 
 gpu: $(NOX) ## on a GPU host, in the GPU image: the GPU acceptance (every lab, calibrate, grade) on GPUS
 	$(NOX) -s gpu

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 
 
 class UsageError(Exception):
@@ -49,6 +50,13 @@ def positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{value:g} is not positive")
     return value
+
+
+def absolute_path(text: str) -> Path:
+    """A folder given on the command line, made absolute where it is read: the harness hands it on to
+    processes that start elsewhere (the accuracy evaluator runs in the repository), and a path
+    relative to where `distlab` was started would name another folder there."""
+    return Path(text).absolute()
 
 
 def world_size_list(text: str) -> list[int]:

@@ -233,9 +233,10 @@ def test_report_writes_valid_junit_and_html_with_embedded_plots(tmp_path):
             ("ddp", 2): [sample(img_per_sec=100.0, test_accuracy=[0.3, 0.45])]}
     summary = {"profile": "p", "provisional": False, "runs": 2, "wall_seconds": 3.0}
     paths = pages.write_report(tmp_path / "r", summary, verdicts, done)
-    suite = ET.parse(paths["junit"]).getroot().find("testsuite")
-    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == ("3", "1", "1")
-    failure = suite.find(".//testcase/failure")
+    suites = ET.parse(paths["junit"]).getroot().findall("testsuite")  # one per lab and world size
+    assert [s.get("name") for s in suites] == ["ddp.ws1", "ddp.ws2", "ddp.ws4"]
+    assert [sum(int(s.get(key)) for s in suites) for key in ("tests", "failures", "errors", "skipped")] == [3, 1, 0, 1]
+    failure = suites[1].find(".//testcase/failure")
     assert "efficiency: measured 0.500, expected >= 0.8" in failure.get("message")
     page = paths["html"].read_text()
     assert page.count("data:image/png;base64,") == 2  # accuracy per epoch, throughput + efficiency

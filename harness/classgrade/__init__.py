@@ -12,8 +12,8 @@ A stage between grading/ (each submission is graded as `distlab grade --program`
     classroom.py    the class: which to grade, resume, rerun, regrade, the outcomes
     rubric.py       points per check, partial credit, visibility
     lessons.py      what a failed check means, the one-line fix, the lesson that teaches it
-    outputs.py      gradebook CSV, class page, feedback pages, Gradescope results.json
-    bundle.py       the Gradescope autograder bundle
+    outputs.py      gradebook CSV, class page, feedback pages, Gradescope's and PrairieLearn's results.json
+    bundle.py       the Gradescope autograder bundle; gradescope.py: what runs in Gradescope's container
 
 Design and threat model: docs/grading-class.md, docs/threat-model.md.
 """

@@ -10,7 +10,11 @@ message (`CRASHES`) is taught the same way: DDP's own messages name the pitfall.
 from __future__ import annotations
 
 import re
+import subprocess
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+from harness.catalog import REPO
 
 TRAINING = "labs/TRAINING.md"
 CONTRACT = "labs/README.md"
@@ -136,3 +140,50 @@ def lesson_for(check: str) -> Lesson | None:
 def crash_lessons(texts: list[str]) -> list[tuple[str, str]]:
     """(lesson key, what was seen) for each known crash message in a run's output."""
     return [(key, seen) for pattern, key, seen in CRASHES if any(pattern.search(text) for text in texts)]
+
+
+# ------------------------------------------------------------------------------- where lessons lie
+# Feedback links a lesson as ROOT + section ("labs/TRAINING.md#..."). A class graded here links the
+# pages where the labs lie (a file:// root); a student reading feedback on a course platform needs
+# an address on the web: the course repository's pages at the commit that graded them.
+SSH_REMOTE = re.compile(r"(?:ssh://)?git@([^:/]+)[:/](.+)")
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def web_address(remote: str) -> str | None:
+    """A remote's https address without credentials (git@host:o/r.git and https://user:token@host/o/r)."""
+    ssh = SSH_REMOTE.fullmatch(remote)
+    if ssh:
+        remote = f"https://{ssh.group(1)}/{ssh.group(2)}"
+    parts = urlsplit(remote)
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        return None  # a local path, or a protocol a browser cannot open
+    host = parts.hostname + (f":{parts.port}" if parts.port else "")
+    path = parts.path.removesuffix("/").removesuffix(".git")
+    return urlunsplit(("https", host, path, "", ""))
+
+
+def course_lesson_root() -> str | None:
+    """The course repository's lesson pages at this checkout's commit: `<origin>/blob/<commit>/`
+    (GitHub's and Gitea's layout; GitLab redirects it). None outside a checkout, or without an
+    origin a browser can open: then the caller asks for --lessons."""
+    if _git("rev-parse", "--show-toplevel") != str(REPO):
+        return None  # an installed package, or a folder inside someone else's repository
+    remote, commit = _git("remote", "get-url", "origin"), _git("rev-parse", "HEAD")
+    address = web_address(remote) if remote else None
+    return f"{address}/blob/{commit}/" if address and commit else None
+
+
+def lesson_root(given: str | None) -> str | None:
+    """Where feedback for a course platform links the lessons: --lessons as given (a folder's
+    address, ending in /), else the course repository's (course_lesson_root)."""
+    if given:
+        return given if given.endswith("/") else given + "/"
+    return course_lesson_root()

@@ -3,7 +3,8 @@
     gradebook.csv              one row per student: id, score, max, status, one column per rubric item, reason
     class.html                 the scores' distribution, the checks failed most often first, slowest and fastest
     feedback/<id>.html, .md    each failed check: what the harness saw, what it means, the fix, the lesson
-    gradescope/<id>/results.json   Gradescope's autograder results (score, tests[] with visibility)
+    gradescope/<id>/results.json   Gradescope's autograder results (score, tests[] with visibility, Markdown feedback)
+    prairielearn/<id>/results.json PrairieLearn's external grader results (gradable, score 0..1, tests[])
 
 Feedback shows the items a student may see now (rubric visibility); the gradebook and the class
 page are the staff's and show everything. Every page of a grade run without the sandbox says so.
@@ -199,31 +200,91 @@ def feedback_html(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str:
     return page(e(f"{outcome.id}: {rubric.name}"), "\n".join(parts))
 
 
-# ------------------------------------------------------------------------------------ Gradescope
+# ------------------------------------------------------------------- Gradescope and PrairieLearn
+# Gradescope's results.json (gradescope-autograders.readthedocs.io, "Autograder Specifications") and
+# PrairieLearn's external grader results (prairielearn.readthedocs.io, "External grading"), from the
+# same outcome. Neither platform has a score for "could not be graded": Gradescope needs a number,
+# so an ungradable submission scores 0 with a failed test and a tag naming it, and its status in
+# extra_data (kept with the submission and in Gradescope's export), never a bare 0; PrairieLearn has
+# its own `gradable: false` (no points awarded or lost, no attempt used).
 
-GRADESCOPE_VISIBILITY = {"visible": "visible", "hidden": "hidden", "after_due_date": "after_due_date"}
+UNGRADED = {"ungradable": "Ungradable", "error": "Not graded: the grader failed, not your program",
+            "pending": "Not graded yet"}
+LEADERBOARD = "rate / course lab"  # the rate_ratio the class page sorts by: higher is faster
 
 
-def gradescope_results(outcome: Outcome, rubric: Rubric) -> dict[str, Any]:
-    """Gradescope's results.json: score, tests[] (name, score, max_score, status, output, visibility).
-    Its outputs are Markdown (output_format "md"), what a program wrote quoted as code in them."""
+def _failed_lines(score: Score, lesson_root: str) -> list[str]:
+    """A failed item's checks, what the grader saw, and each lesson's fix with its link (Markdown)."""
+    lines = []
+    for v in score.failed:
+        where = f" (world size {v.world_size})" if v.world_size else ""
+        saw = v.detail or f"measured {v.measured}, expected {v.expected}"
+        lines.append(f"- **{md_name(v.check)}**{where}: {md_code(saw)}")  # what a program wrote, quoted
+        lesson = lessons.lesson_for(v.check)
+        if lesson:
+            lines.append(f"  - the fix: {lesson.fix} Lesson: [{lesson.section}]({lesson_root}{lesson.section})")
+    return lines
+
+
+def _item_output(score: Score, lesson_root: str) -> str:
+    if score.passed:
+        return "passed"
+    return "\n".join(_failed_lines(score, lesson_root)) or "not reached: the run ended before this was checked"
+
+
+def sandbox_mode(outcome: Outcome) -> str:
+    """Which isolation graded it: "bwrap", "uid" (no namespaces) or "none" (Outcome.mode)."""
+    return outcome.mode
+
+
+def _extra_data(outcome: Outcome) -> dict[str, Any]:
+    return {"distlab": {"status": outcome.status, "reason": outcome.reason, "sandbox": sandbox_mode(outcome),
+                        "sandbox_findings": outcome.findings(), "rate_ratio": outcome.rate_ratio,
+                        "run_seconds": outcome.seconds}}
+
+
+def gradescope_results(outcome: Outcome, rubric: Rubric, lesson_root: str = "",
+                       execution_time: float | None = None) -> dict[str, Any]:
+    """Gradescope's results.json: the student's Markdown feedback as the top-level output (`md`; its
+    default would render the text as HTML), one test per rubric item with the rubric's visibility
+    (Gradescope applies its own due dates to after_due_date), a leaderboard entry where the rate
+    was measured (shown only where the assignment enables leaderboards)."""
+    results: dict[str, Any] = {"output": feedback_markdown(outcome, rubric, lesson_root), "output_format": "md",
+                               "test_output_format": "md", "test_name_format": "text", "visibility": "visible",
+                               "stdout_visibility": "hidden", "extra_data": _extra_data(outcome)}
+    if execution_time is not None:
+        results["execution_time"] = round(execution_time)
     if outcome.status != "graded":
-        return {"score": 0.0, "output": f"Ungradable: {md_code(outcome.reason)}", "output_format": "md",
-                "visibility": "visible", "stdout_visibility": "hidden", "tests": []}
-    tests = []
-    for s in outcome.scores:
-        said = [f"{md_name(v.check)}{f' (world size {v.world_size})' if v.world_size else ''}: {md_code(v.detail)}"
-                for v in s.failed]
-        lesson = [f"{lesson.fix} See {lesson.section}." for v in s.failed if (lesson := lessons.lesson_for(v.check))]
-        tests.append({"name": s.item.name, "score": s.score, "max_score": s.item.points,
-                      "status": "passed" if s.passed else "failed",
-                      "output": "\n\n".join(said + lesson) or ("passed" if s.passed else "not reached: the run "
-                                                                 "ended before this was checked"),
-                      "output_format": "md", "visibility": GRADESCOPE_VISIBILITY[s.item.visibility]})
-    output = "\n\n".join([md_code(text) for text in outcome.findings()]
-                         + ([f"**{mode_banner(outcome.mode)}**"] if mode_banner(outcome.mode) else []))
-    return {"score": outcome.score, "output": output, "output_format": "md", "visibility": "visible",
-            "stdout_visibility": "hidden", "tests": tests}
+        why = f"{UNGRADED.get(outcome.status, outcome.status)}: {md_code(outcome.reason)}"
+        return {**results, "score": 0.0, "tests": [
+            {"name": "gradable", "score": 0.0, "max_score": rubric.max_score, "status": "failed", "output": why,
+             "tags": [outcome.status], "visibility": "visible"}]}
+    tests = [{"name": s.item.name, "score": s.score, "max_score": s.item.points,
+              "status": "passed" if s.passed else "failed", "output": _item_output(s, lesson_root),
+              "visibility": s.item.visibility} for s in outcome.scores]
+    results.update(score=outcome.score, tests=tests)
+    if outcome.rate_ratio is not None:
+        results["leaderboard"] = [{"name": LEADERBOARD, "value": round(outcome.rate_ratio, 3), "order": "desc"}]
+    return results
+
+
+def prairielearn_results(outcome: Outcome, rubric: Rubric, lesson_root: str = "") -> dict[str, Any]:
+    """PrairieLearn's results.json: score as a fraction of the rubric's points, one test per item a
+    student may see now (PrairieLearn shows every test it is given; the score counts them all)."""
+    feedback = feedback_markdown(outcome, rubric, lesson_root)
+    if outcome.status != "graded":
+        why = f"{UNGRADED.get(outcome.status, outcome.status)}: {outcome.reason}"
+        return {"gradable": False, "format_errors": [why], "message": why, "output": feedback}
+    shown = _visible_scores(outcome, rubric)
+    earned = outcome.score or 0.0
+    hidden = len(outcome.scores) - len(shown)
+    return {"gradable": True, "score": round(earned / rubric.max_score, 6) if rubric.max_score else 0.0,
+            "message": f"{earned:g} of {rubric.max_score:g} points" + (f" ({hidden} item(s) not shown yet)"
+                                                                      if hidden else ""),
+            "output": feedback, "tests": [
+                {"name": s.item.name, "description": f"checks: {', '.join(s.item.checks)}", "points": s.score,
+                 "max_points": s.item.points, "message": "passed" if s.passed else "to fix",
+                 "output": _item_output(s, lesson_root)} for s in shown]}
 
 
 # ------------------------------------------------------------------------------------ class page
@@ -311,4 +372,6 @@ def write_student(out_dir: Path, outcome: Outcome, rubric: Rubric, lesson_root: 
     (out_dir / "feedback").mkdir(parents=True, exist_ok=True)
     write_bytes(out_dir / "feedback" / f"{outcome.key}.md", feedback_markdown(outcome, rubric, lesson_root).encode())
     write_bytes(out_dir / "feedback" / f"{outcome.key}.html", feedback_html(outcome, rubric, lesson_root).encode())
-    write_json(out_dir / "gradescope" / outcome.key / "results.json", gradescope_results(outcome, rubric))
+    for platform, results in (("gradescope", gradescope_results(outcome, rubric, lesson_root)),
+                              ("prairielearn", prairielearn_results(outcome, rubric, lesson_root))):
+        write_json(out_dir / platform / outcome.key / "results.json", results)

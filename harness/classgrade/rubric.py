@@ -9,7 +9,7 @@
     checks = ["observed:shards_*"]        # verdict names (fnmatch patterns), at every world size
     points = 3
     partial = true                        # points x passed / judged; false: all or nothing
-    visibility = "visible"                # visible | hidden | after_due_date
+    visibility = "visible"                # visible | hidden | after_due_date | after_published
     absent_passes = false                 # true: no such verdict means none failed (claim:* exist only when
                                           # contradicted), full points if the runs themselves went well
     lessons_cost = false                  # true: a lesson (below) counts as a failed check of this item
@@ -38,7 +38,9 @@ from harness.verdict.profiles import tomllib
 from harness.verdict.verdicts import Verdict, is_lesson
 
 DEFAULT = Path(__file__).resolve().parent / "rubrics" / "ddp.toml"
-VISIBILITY = ("visible", "hidden", "after_due_date")
+# Gradescope's four (its results.json uses the same words): after_published items are shown once staff
+# publish the grades, which the grader cannot know, so its own feedback treats them as hidden.
+VISIBILITY = ("visible", "hidden", "after_due_date", "after_published")
 MAX_RUBRIC_BYTES = 1 << 20
 
 
@@ -105,10 +107,11 @@ class Rubric:
         return scores
 
     def shown(self, item: Item, now: dt.datetime | None = None) -> bool:
-        """Whether a student sees the item now (hidden items never; after_due_date ones once it passed)."""
+        """Whether a student sees the item now (hidden and after_published items never; after_due_date
+        ones once it passed)."""
         if item.visibility == "visible":
             return True
-        if item.visibility == "hidden":
+        if item.visibility in ("hidden", "after_published"):
             return False
         now = now or dt.datetime.now(dt.timezone.utc)
         return self.due is not None and now >= self.due
@@ -118,8 +121,9 @@ def _fail(path: Path, message: str) -> UsageError:
     return UsageError(f"rubric {path}: {message}")
 
 
-def load(path: Path | None = None) -> Rubric:
-    """The rubric at `path` (the shipped ddp rubric by default), checked: one line naming the key otherwise."""
+def load(path: Path | None = None, due: dt.datetime | None = None) -> Rubric:
+    """The rubric at `path` (the shipped ddp rubric by default), checked: one line naming the key otherwise.
+    `due`: the course platform's due date (Gradescope's, per submission), in place of the rubric's own."""
     path = Path(path or DEFAULT)
     try:
         if not path.is_file() or path.stat().st_size > MAX_RUBRIC_BYTES:
@@ -131,7 +135,7 @@ def load(path: Path | None = None) -> Rubric:
     unknown = set(data) - {"name", "due", "limits", "items"}
     if unknown:
         raise _fail(path, f"unknown key(s) {', '.join(sorted(unknown))}; allowed: name, due, limits, items")
-    due = data.get("due")
+    due = due or data.get("due")
     if due is not None:
         if not isinstance(due, dt.datetime):
             raise _fail(path, "due must be a TOML date-time, like 2026-12-10T23:59:00Z")

@@ -35,7 +35,7 @@ from pathlib import Path
 from harness.console import console
 from harness.files import write_json
 from harness.run import capabilities
-from harness.usage import UsageError, positive_int
+from harness.usage import UsageError, absolute_path, positive_int
 from labs.common.host import gpus as visible_gpus
 
 PLAN = Path(__file__).resolve().parents[1] / "profiles" / "plans" / "gpu-acceptance.toml"
@@ -207,7 +207,7 @@ EXAMPLES = ("examples:\n  distlab acceptance                      # every GPU th
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results root")
+    parser.add_argument("--results", type=absolute_path, default="results", help="results root")
     parser.add_argument("--dry-run", action="store_true",
                         help="print every step with its expected seconds; start nothing")
     parser.add_argument("--gpus", type=positive_int,

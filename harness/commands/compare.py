@@ -35,7 +35,7 @@ from harness.report.plots import pyplot, save
 from harness.run.request import build_request
 from harness.run.run_dir import new_run_dir
 from harness.run.runner import run_lab
-from harness.usage import UsageError, positive_float, positive_int, world_size_list
+from harness.usage import UsageError, absolute_path, positive_float, positive_int, world_size_list
 from labs.common.host import REPO
 
 SCHEMA = "distlab-compare"
@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one GPU per rank, NCCL (Horovod: its own) (default: the CPUs, Gloo)")
     parser.add_argument("--threads", type=positive_int, default=1, help="OMP threads per rank (default 1)")
     parser.add_argument("--timeout", type=positive_float, default=600.0, help="seconds per run (default 600)")
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
+    parser.add_argument("--results", type=absolute_path, default="results", help="results root (default ./results)")
     parser.add_argument("--from", dest="from_study", type=Path,
                         help="write the table again from this study folder's runs (runs nothing)")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness.classgrade import bundle
 from harness.classgrade.classroom import ClassRequest, grade_class
-from harness.usage import positive_int, world_size_list
+from harness.usage import absolute_path, positive_int, world_size_list
 
 DESCRIPTION = ("Each submission graded as `grade --program` grades one, in bubblewrap, side by side; gradebook, "
                "class page, feedback (docs/grading-class.md).")
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=positive_int, help="submissions graded at once (default: cores / ranks per "
                                                           "job on CPUs, GPUs / GPUs per job on GPU hosts)")
     parser.add_argument("--world-sizes", type=world_size_list, help="e.g. 2 (default: the profile's)")
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
+    parser.add_argument("--results", type=absolute_path, default="results", help="results root (default ./results)")
     parser.add_argument("--rerun", action="append", metavar="ID", default=[], help="grade this student again")
     parser.add_argument("--regrade", action="store_true",
                         help="recompute verdicts and scores from the stored observations; run nothing")

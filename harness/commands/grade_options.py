@@ -8,7 +8,7 @@ from pathlib import Path
 
 from harness.catalog import LABS
 from harness.grading.plan import GradePlan, plan_grade
-from harness.usage import UsageError, positive_float, positive_int, world_size_list
+from harness.usage import UsageError, absolute_path, positive_float, positive_int, world_size_list
 from harness.verdict import profiles
 from labs.common.host import fingerprint
 
@@ -20,7 +20,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=positive_int, default=1, help="runs per lab and world size")
     parser.add_argument("--program", action="append", metavar="LAB=PATH",
                         help="grade this program for LAB instead of the lab's own (repeatable)")
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
+    parser.add_argument("--results", type=absolute_path, default="results", help="results root (default ./results)")
     parser.add_argument("--timeout", type=positive_float, help="seconds per run (default: 2 x the time budget)")
 
 

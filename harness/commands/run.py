@@ -16,7 +16,7 @@ from harness.run.launchers import LAUNCHERS
 from harness.run.output import tail
 from harness.run.runner import run_lab
 from harness.run.state import RunResult
-from harness.usage import positive_float, positive_int
+from harness.usage import absolute_path, positive_float, positive_int
 
 DESCRIPTION = "Run LAB with N ranks; arguments after -- go to the lab."
 EXAMPLES = """examples:
@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", help="communication backend (default: the lab's)")
     parser.add_argument("--threads", type=positive_int, help="OMP threads per rank (default: cores / world size)")
     parser.add_argument("--timeout", type=positive_float, default=900.0, help="seconds before the run is ended")
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
+    parser.add_argument("--results", type=absolute_path, default="results", help="results root (default ./results)")
     parser.add_argument("--program", type=Path, help="run this program instead of the lab's own (same contract)")
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="torchrun: restart all ranks this often after a failure (elastic)")

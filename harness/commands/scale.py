@@ -36,7 +36,7 @@ from harness.report.plots import scale_plots, time_split_plot
 from harness.run.request import RunRequest, build_request
 from harness.run.run_dir import new_run_dir
 from harness.run.runner import run_lab
-from harness.usage import UsageError, positive_float, positive_int, world_size_list
+from harness.usage import UsageError, absolute_path, positive_float, positive_int, world_size_list
 from harness.verdict.stats import Interval, efficiency, fit_amdahl, mean_ci, speedup
 from labs.common.host import gpu_count
 
@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive_int, default=1,
                         help="OMP threads per rank, the same at every world size (default 1)")
     parser.add_argument("--timeout", type=positive_float, default=900.0, help="seconds before one run is ended")
-    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default ./results)")
+    parser.add_argument("--results", type=absolute_path, default="results", help="results root (default ./results)")
     parser.add_argument("--json", action="store_true", help="print the study's summary as JSON on stdout")
 
 

@@ -12,10 +12,13 @@ came from; the Markdown goes to the step summary too.
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import html
 import json
 import os
 import re
+import socket
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -23,8 +26,9 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from harness.catalog import REPO
 from harness.console import printable
-from harness.files import write_json
+from harness.files import read_regular_file, write_json
 from harness.report.plots import grade_plots
 from harness.verdict.verdicts import Sample, Verdict
 
@@ -175,23 +179,101 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}} .fail{{background
 """
 
 
-def junit(verdicts: list[Verdict], out: Path) -> None:
-    """JUnit XML, one test case per verdict: CI systems show the failures with their detail."""
-    suite = ET.Element("testsuite", name="distlab-grade", tests=str(len(verdicts)),
-                       failures=str(sum(v.passed is False for v in verdicts)),
-                       skipped=str(sum(v.passed is None for v in verdicts)))
+# JUnit XML, read by CI: valid against both definitions CI systems read it by, Jenkins' xUnit schema
+# and Apache Ant's (tests/fixtures/junit/ vendors both; tests/test_junit.py validates). Ant's is the
+# strict one: every suite has properties, system-out and system-err, a timestamp, a hostname and a
+# time, and no attribute beyond its list; so the program and the run directories, which neither
+# schema lets a test case carry, are each suite's properties (`file`, `log`) and its system-out.
+XML_INVALID = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+RUN_JSON_BYTES = 1 << 20
+
+
+def _xml_text(text: str) -> str:
+    """Text XML 1.0 can hold: a lab's output in a detail may carry control characters."""
+    return XML_INVALID.sub("\ufffd", text)
+
+
+def _run_account(run_dir: str) -> dict[str, Any]:
+    """The harness's own run.json of a run (read with a limit: it lies in a folder the program could write)."""
+    try:
+        account = json.loads(read_regular_file(Path(run_dir) / "run.json", RUN_JSON_BYTES))
+    except (OSError, ValueError):
+        return {}
+    return account if isinstance(account, dict) else {}
+
+
+def _junit_kind(v: Verdict) -> str | None:
+    """"error" for what could not be judged (a run that crashed, hung or was stopped, a metric that
+    could not be measured, an interrupted grade), "failure" for a check that was judged and failed."""
+    if v.passed is not False:
+        return None
+    return "error" if v.check in ("run", "completed") or v.measured in ("missing", "-") else "failure"
+
+
+def _suite_key(v: Verdict) -> tuple[str, str]:
+    return v.lab, "across" if v.world_size is None else f"ws{v.world_size}"
+
+
+def junit(verdicts: list[Verdict], out: Path, done: dict[tuple[str, int], list[Sample]] | None = None,
+          started: float | None = None) -> None:
+    """One test suite per lab and world size, one test case per verdict; the suite's time is its runs'
+    wall time, which the `run` case carries (the other checks are computed from those runs, in no time
+    of their own); the suite names the program (`file`) and the run directories with their logs,
+    relative to the report's folder, where an artifact of the results folder keeps them."""
+    done = done or {}
+    stamp = dt.datetime.fromtimestamp(started if started is not None else time.time(), dt.timezone.utc)
+    suites: dict[tuple[str, str], list[Verdict]] = {}
     for v in verdicts:
-        case = ET.SubElement(suite, "testcase", classname=f"distlab.{v.lab}",
-                             name=f"ws{v.world_size or 'all'}-{v.check}")
-        if v.passed is False:
-            ET.SubElement(case, "failure", message=f"{v.check}: measured {v.measured}, expected {v.expected}"
-                          ).text = v.detail
-        elif v.passed is None:
-            ET.SubElement(case, "skipped", message=v.detail or "not applicable")
+        suites.setdefault(_suite_key(v), []).append(v)
     testsuites = ET.Element("testsuites")
-    testsuites.append(suite)
+    for number, ((lab, cell), cases) in enumerate(suites.items()):
+        samples = [s for (row, ws), runs in done.items() if row == lab and (cell == "across" or cell == f"ws{ws}")
+                   for s in runs]
+        seconds = sum(s.wall_seconds for s in samples)
+        kinds = [_junit_kind(v) for v in cases]
+        suite = ET.SubElement(testsuites, "testsuite", name=f"{lab}.{cell}", package="distlab", id=str(number),
+                              timestamp=stamp.strftime("%Y-%m-%dT%H:%M:%S"), hostname=socket.gethostname() or
+                              "localhost", tests=str(len(cases)), failures=str(kinds.count("failure")),
+                              errors=str(kinds.count("error")), skipped=str(sum(v.passed is None for v in cases)),
+                              time=f"{seconds:.3f}")
+        accounts = [(s, _run_account(s.run_dir)) for s in samples]
+        programs = sorted({str(_shown_path(Path(a["program"]))) for _, a in accounts if a.get("program")})
+        logs = [os.path.relpath(s.run_dir, out.parent) for s in samples]
+        properties = ET.SubElement(suite, "properties")
+        for name, value in [*(("file", p) for p in programs), *(("log", log) for log in logs)]:
+            ET.SubElement(properties, "property", name=name, value=_xml_text(value))
+        for v, kind in zip(cases, kinds, strict=True):
+            case = ET.SubElement(suite, "testcase", name=v.check, classname=f"distlab.{lab}.{cell}",
+                                 time=f"{seconds if v.check == 'run' else 0:.3f}")
+            message = _xml_text(f"{v.check}: measured {v.measured}, expected {v.expected}")
+            if kind == "error":
+                ET.SubElement(case, "error", type="not judged" if v.check != "run" else "run failed",
+                              message=message).text = _xml_text(v.detail) + _logs_line(logs)
+            elif kind == "failure":
+                ET.SubElement(case, "failure", type="check failed", message=message).text = _xml_text(v.detail)
+            elif v.passed is None:
+                ET.SubElement(case, "skipped", message=_xml_text(v.detail or "not applicable"))
+        lines = []
+        for (sample, account), log in zip(accounts, logs, strict=True):
+            ranks = account.get("rank_logs") or {}
+            files = ", ".join(os.path.join(log, str(name)) for name in ranks.values()) if isinstance(ranks, dict) \
+                else ""
+            lines.append(f"run {log}: {sample.status} in {sample.wall_seconds:.1f} s"
+                         f"{f' ({sample.reason})' if sample.reason else ''}; logs: "
+                         f"{files or log}, {os.path.join(log, 'launcher.log')}")
+        ET.SubElement(suite, "system-out").text = _xml_text("\n".join(lines))
+        ET.SubElement(suite, "system-err").text = ""
     ET.indent(testsuites)
     ET.ElementTree(testsuites).write(out, encoding="utf-8", xml_declaration=True)
+
+
+def _shown_path(path: Path) -> Path:
+    """A program as a CI reporter finds it: relative to the repository when it lies there."""
+    return path.relative_to(REPO) if path.is_relative_to(REPO) else path
+
+
+def _logs_line(logs: list[str]) -> str:
+    return f"\nlogs: {', '.join(logs)}" if logs else ""
 
 
 def write_report(report_dir: Path, summary: dict[str, Any], verdicts: list[Verdict],
@@ -207,7 +289,7 @@ def write_report(report_dir: Path, summary: dict[str, Any], verdicts: list[Verdi
              "junit": report_dir / "junit.xml"}
     paths["markdown"].write_text(markdown(summary, verdicts, images))
     paths["html"].write_text(html_page(summary, verdicts, images))
-    junit(verdicts, paths["junit"])
+    junit(verdicts, paths["junit"], done, time.time() - summary["wall_seconds"] if "wall_seconds" in summary else None)
     return paths
 
 
