@@ -214,6 +214,9 @@ def build_parser() -> Parser:
                            help="profile whose labs, arguments and world sizes are measured")
     calibrate.add_argument("--output", type=Path, default=Path("profiles"),
                            help="folder the new profile goes to (yours: the package folder may belong to root)")
+    calibrate.add_argument("--keep-going", action="store_true",
+                           help="write the profile from the cells whose runs all passed, naming the others, "
+                                "also when stopped (Ctrl-C, SIGTERM)")
     calibrate.set_defaults(func=cmd_calibrate)
 
     from harness.run.job_templates import TEMPLATES
