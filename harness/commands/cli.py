@@ -97,7 +97,7 @@ def cmd_completion(args: argparse.Namespace, lab_args: list[str]) -> int:
 def cmd_acceptance(args: argparse.Namespace, lab_args: list[str]) -> int:
     from harness.commands import acceptance
 
-    return acceptance.run(args, main)
+    return acceptance.run(args)
 
 
 
@@ -285,6 +285,13 @@ def build_parser() -> Parser:
     acceptance.add_argument("--gpus", type=positive_int,
                             help="--dry-run on a host without GPUs: plan for this many (default 1)")
     acceptance.add_argument("--gpu-model", help='--dry-run on a host without GPUs: their model (default "NVIDIA H200")')
+    acceptance.add_argument("--out", type=Path, help="also write the summary, log, profile and a small archive here, "
+                                                     "after every step (default: the results folder)")
+    acceptance.add_argument("--deadline", type=float, help="seconds for everything, counted from the start "
+                                                          "(default 510 on one GPU; none on several)")
+    acceptance.add_argument("--cpu-proxy", action="store_true",
+                            help="the one-GPU plan on the CPUs (Gloo, seconds-long): the acceptance without its GPU")
+    acceptance.add_argument("--rows", help="one GPU: only these rows of the plan (to rerun what failed), e.g. ddp,fsdp")
     acceptance.set_defaults(func=cmd_acceptance)
 
     completion = command("completion", help="print a shell completion script (lab names, options)")
