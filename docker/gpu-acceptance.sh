@@ -41,5 +41,6 @@ also=()
 "$PYTHON" -c 'import torchvision' 2> /dev/null || also=(--also torchvision)  # paired with torch 2.11 (gpu-wheels)
 run "$PYTHON" docker/gpu-install.py --wheels "$WHEELS" --target "$SITE" --checkout . "${also[@]}"
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+export DISTLAB_CHECKOUT=$PWD  # its docker/gpu-claim-spread.py, which the wheel does not carry
 # The console script, not `python -m` from here: the checkout beside would be imported before the wheel.
 run "$PYTHON" "$SITE/bin/distlab" acceptance --results "$RESULTS_DIR" "$@"

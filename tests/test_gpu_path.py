@@ -311,10 +311,12 @@ def test_the_one_gpu_acceptance_names_a_skipped_horovod_and_grades_what_it_calib
 
     planned = acceptance.one_gpu_steps("nvidia-h200-x1", tmp_path, horovod)
     names = [step.name for step in planned]
-    assert names[0] == "doctor" and names[-2:] == ["calibrate nvidia-h200-x1", "grade against nvidia-h200-x1"]
+    assert names[0] == "doctor" and names[-3:] == ["calibrate nvidia-h200-x1", "grade against nvidia-h200-x1",
+                                                   "claim spread"]
     skipped = [step.name + " " + step.note for step in planned if step.argv is None]
     assert skipped == ([] if horovod[0] else ["horovod ws=1 SKIPPED: Horovod was built without NCCL"])
-    calibrate, grade = planned[-2].argv, planned[-1].argv
+    calibrate, grade, spread = planned[-3].argv, planned[-2].argv, planned[-1]
+    assert spread.script.name == "gpu-claim-spread.py" and "--config=bf16:512" in spread.argv
     assert "--keep-going" in calibrate and calibrate[calibrate.index("--timeout") + 1] == "150"
     assert grade[grade.index("--profile") + 1] == str(tmp_path / "profiles" / "nvidia-h200-x1.toml")
 

@@ -184,6 +184,9 @@ ESTIMATE = {
     "evaluate_s": 2.0,  # each observed run: rank 0's weights loaded and the test set counted
     "report_s": 3.0,  # calibrate writes its profile, the grade its pages and plots
     "archive_s": 2.0,  # after every step: measured under 1 s on the proxy (about 0.3 MB without weights)
+    # docker/gpu-claim-spread.py on ddp's final weights, in two processes (each its own autotuning):
+    # a launch, autotuning and three evaluations of 1024 images each.
+    "claim_spread_s": 25.0,
 }
 DEADLINE_S = 510  # the default --deadline on one GPU: 8.5 minutes, 90 s inside a 10-minute command
 # A step past its time gets SIGINT, then this long to stop its runs and write what it has, then SIGKILL.
@@ -213,14 +216,16 @@ def estimate(rows: list[Row]) -> list[tuple[str, float]]:
               ("doctor", ESTIMATE["doctor_s"])]
     for step in ("calibrate", "grade"):
         phases += [(f"{step}: {part}", seconds) for part, seconds in one_pass.items()]
-    phases.append(("archive, after each of 3 steps", 3 * ESTIMATE["archive_s"]))
+    phases.append(("claim spread (2 processes)", ESTIMATE["claim_spread_s"]))
+    phases.append(("archive, after each of 4 steps", 4 * ESTIMATE["archive_s"]))
     return phases
 
 
 def step_estimates(rows: list[Row]) -> dict[str, float]:
     """The estimate per step: what a step's share of the time left is weighed by."""
     one_pass = sum(pass_seconds(rows).values())
-    return {"doctor": ESTIMATE["doctor_s"], "calibrate": one_pass, "grade": one_pass}
+    return {"doctor": ESTIMATE["doctor_s"], "calibrate": one_pass, "grade": one_pass,
+            "claim spread": ESTIMATE["claim_spread_s"]}
 
 
 # ----------------------------------------------------------------------------------- the preflight
@@ -359,6 +364,7 @@ class Step:
     note: str = ""
     stdout_to: Path | None = None  # a step whose stdout is its product (doctor --json, grade --json)
     ok_codes: tuple[int, ...] = (0,)  # doctor exits 1 when it names a problem (no MPI there): its facts are the product
+    script: Path | None = None  # a program of the checkout to run instead of distlab
 
 
 def one_gpu_steps(name: str, folder: Path, horovod: tuple[bool, str], cpu_proxy: bool = False,
@@ -377,7 +383,27 @@ def one_gpu_steps(name: str, folder: Path, horovod: tuple[bool, str], cpu_proxy:
     planned.append(Step(f"grade against {name}", ["grade", "--profile", str(profiles / f"{name}.toml"), "--timeout",
                                                   timeout, "--json", *results], share["grade"],
                         stdout_to=folder / "grade.json"))
+    # What bf16 and cuDNN make two honest evaluations of one model differ by, measured where it matters
+    # (the claim tolerance was reasoned from the CPU's: docs/gpu-acceptance.md). Last: a cut takes it first.
+    ddp = next((row for row in planned_rows(horovod[0], only) if row.name == "ddp"), None)
+    if ddp is not None:
+        configs = ["fp32:128", "fp32:37"] if cpu_proxy else ["bf16:512", "bf16:100", "fp32:512"]
+        planned.append(Step("claim spread", [OBSERVED_DDP, *[f"--config={c}" for c in configs], "--processes", "2",
+                                             "--", *(ddp.cpu_args if cpu_proxy else ddp.gpu_args)],
+                            share["claim spread"], script=CHECKOUT / "docker" / "gpu-claim-spread.py",
+                            stdout_to=folder / "claim-spread.txt"))
     return planned
+
+
+OBSERVED_DDP = "{ddp ws=1 observe}"  # the claim spread's weights: the grade's ddp run, found once it ran
+# Where the acceptance was started from (docker/gpu-acceptance.sh says), for the programs of the
+# checkout that the wheel does not carry.
+CHECKOUT = Path(os.environ.get("DISTLAB_CHECKOUT") or REPO)
+
+
+def observed_ddp(folder: Path) -> str | None:
+    runs = sorted(folder.glob("ddp/*-ws1-*/observe"))
+    return str(runs[-1]) if runs else None
 
 
 def steps(gpus: int, model: str, folder: Path) -> list[tuple[str, list[str]]]:
@@ -471,7 +497,8 @@ def run_step(step: Step, limit_s: float, env: dict[str, str], log: Any, cwd: Pat
     stdout = step.stdout_to.open("w") if step.stdout_to else log
     stopped, interrupted = "", False
     try:
-        process = subprocess.Popen([sys.executable, "-m", DISTLAB_MODULE, *(step.argv or [])],
+        program = [str(step.script)] if step.script else ["-m", DISTLAB_MODULE]
+        process = subprocess.Popen([sys.executable, *program, *(step.argv or [])],
                                    stdin=subprocess.DEVNULL, stdout=stdout, stderr=log, cwd=cwd,
                                    start_new_session=True, env={**env, STEP_TOKEN: token})
         try:
@@ -565,6 +592,8 @@ class Outbox:
         self.copy(profile)
         with contextlib.suppress(OSError, ValueError):
             summary["grade"] = json.loads((self.folder / "grade.json").read_text())
+        with contextlib.suppress(OSError):
+            summary["claim_spread"] = (self.folder / "claim-spread.txt").read_text().splitlines()
         with contextlib.suppress(OSError, ValueError):
             written = sorted(tomllib.loads(profile.read_text()).get("labs", {}))
             summary["profile_rows"] = written
@@ -673,9 +702,16 @@ def run(args: argparse.Namespace) -> int:
                 record.update(status="not started", note=f"{max(0.0, clock.left()):.0f} s left of the deadline")
             elif profile_arg and not Path(profile_arg).is_file():
                 record.update(status="not started", note="calibrate wrote no profile (no row passed)")
+            elif step.script and not step.script.is_file():
+                record.update(status="skipped", note=f"no {step.script} (run from a checkout)")
+            elif OBSERVED_DDP in step.argv and not observed_ddp(folder):
+                record.update(status="not started", note="no ddp run at world size 1 was observed")
             else:
                 console.print(f"== {step.name}" + (f" (at most {limit:.0f} s)" if limit < float("inf") else ""),
                               markup=False)
+                if OBSERVED_DDP in step.argv:
+                    step.argv = [observed_ddp(folder) if arg == OBSERVED_DDP else arg for arg in step.argv]
+                    record["argv"] = step.argv
                 record.update(run_step(step, limit, env, log, folder))
                 interrupted = record.pop("interrupted", False)
             took = f" in {record['seconds']} s" if "seconds" in record else ""
