@@ -24,7 +24,7 @@ DRY_RUN ?= $(if $(findstring n,$(firstword -$(MAKEFLAGS))),1)
 export RUNTIME ENGINE GPUS NP BACKEND LAB_ARGS DRY_RUN
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint grade grade-smoke grade-gpu gpu-acceptance gpu-wheels doctor data calibrate bench-train bench-allreduce bench-verdict slurm \
+.PHONY: help setup test lint grade grade-smoke grade-gpu gpu-acceptance gpu-offline gpu-wheels gpu-proxy gpu-proxy-tests doctor data calibrate bench-train bench-allreduce bench-verdict slurm \
         image image-cpu image-test gradescope-test gpu clean
 
 help: ## list every target with one line
@@ -55,8 +55,17 @@ grade-gpu: ## grade the labs on this host's GPUs in the GPU image (GPUS, PROFILE
 gpu-acceptance: $(NOX) ## on a fresh GPU host: every lab on NCCL, benchmarks, calibrate and grade; one archive
 	$(NOX) -s gpu-acceptance
 
-gpu-wheels: $(NOX) ## wheels for an offline GPU host (Python 3.12): then docker/gpu-acceptance.sh there
+gpu-wheels: $(NOX) ## wheels for an offline GPU host (Python 3.12): then make gpu-offline there
 	$(NOX) -s gpu-wheels
+
+gpu-offline: ## on the borrowed GPU machine (no network, no nox): docker/gpu-acceptance.sh, OUT=folder for the results
+	docker/gpu-acceptance.sh $(if $(OUT),--out $(OUT))
+
+gpu-proxy: $(NOX) ## the one-GPU acceptance on that machine's software, on the CPUs, offline (Python 3.12, torch 2.11; slow)
+	$(NOX) -s gpu-proxy
+
+gpu-proxy-tests: $(NOX) ## the GPU-path tests on that machine's software (no MPI, no Horovod; TEST_ARGS to choose)
+	$(NOX) -s gpu-proxy-tests -- $(TEST_ARGS)
 
 doctor: $(NOX) ## what this host offers and which labs it can run
 	$(NOX) -s doctor

@@ -13,8 +13,11 @@ work with container images (docker/).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -176,31 +179,149 @@ def report_view(session: nox.Session) -> None:
 
 @nox.session(name="gpu-acceptance", venv_backend="none", requires=["env"], default=False)
 def gpu_acceptance(session: nox.Session) -> None:
-    """On a fresh GPU host: every lab on NCCL at world sizes 1..N, benchmarks, calibrate, grade; one archive."""
+    """On a fresh GPU host with internet: every lab on NCCL at world sizes 1..N, benchmarks, calibrate, grade."""
     _run_in_env(session, "distlab", "acceptance", *session.posargs)
 
 
 GPU_WHEELS = ROOT / ".nox" / "gpu-wheels"
 GPU_PYTHON = "3.12"  # the borrowed GPU machine's: Python 3.12, torch 2.11 with CUDA 13, no internet
+# What that machine's python3 (itself a venv) holds, as found there (docs/gpu-acceptance.md): gpu-proxy
+# rebuilds exactly this, and gpu-wheels carries only what it lacks of distlab's needs.
+GPU_HOST_PACKAGES = ("torch==2.11.0", "torchvision==0.26.0", "numpy", "matplotlib", "rich", "psutil", "pyyaml",
+                     "pytest", "pytest-xdist")
+GPU_HOST_HOME = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "distlab" / "gpu-host"
+GPU_PROXY = ROOT / ".nox" / "gpu-proxy"
+GPU_CARRY_LIMIT = 64 << 20  # what may travel to that machine: the tree and the wheels together
 
 
-@nox.session(name="gpu-wheels", venv_backend="none", requires=["env"], default=False)
-def gpu_wheels(session: nox.Session) -> None:
-    """Wheels for an offline GPU host (Python 3.12): distlab and its pure-Python needs, torchvision for torch 2.11."""
-    GPU_WHEELS.mkdir(parents=True, exist_ok=True)
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[\s;<>=!~\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _gpu_wheel_set(session: nox.Session) -> None:
+    """distlab's wheel and, for Python 3.12 on x86_64, those of its needs the GPU machine lacks, with
+    their own needs; torchvision 0.26 for a host without it. The folder is made afresh: a distlab
+    wheel of the same version left from before would be installed in place of this one."""
+    shutil.rmtree(GPU_WHEELS, ignore_errors=True)
+    GPU_WHEELS.mkdir(parents=True)
+    pip = (sys.executable, "-m", "pip")  # nox's own: wheels need no torch to be downloaded
     target = ["--only-binary=:all:", "--python-version", GPU_PYTHON, "--implementation", "cp", "--abi",
               f"cp{GPU_PYTHON.replace('.', '')}", "--platform", "manylinux_2_28_x86_64", "--platform",
               "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "-d", str(GPU_WHEELS)]
-    _run_in_env(session, "pip", "wheel", "--no-deps", "-w", str(GPU_WHEELS), str(ROOT))
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    _run_in_env(session, "pip", "download", *target, *deps)
-    # torchvision only when that host lacks it; torch itself is the host's (docker/gpu-acceptance.sh).
-    _run_in_env(session, "pip", "download", *target, "--no-deps", "torchvision==0.26.*")
-    session.log(f"{GPU_WHEELS}: copy it beside the checkout on the GPU host, then docker/gpu-acceptance.sh")
+    session.run(*pip, "wheel", "--quiet", "--no-deps", "-w", str(GPU_WHEELS), str(ROOT), external=True)
+    has = {_requirement_name(p) for p in GPU_HOST_PACKAGES}
+    deps = [d for d in PYPROJECT["project"]["dependencies"] if _requirement_name(d) not in has]
+    session.run(*pip, "download", "--quiet", *target, *deps, external=True)
+    session.run(*pip, "download", "--quiet", *target, "--no-deps", "torchvision==0.26.0", external=True)
+
+
+@nox.session(name="gpu-wheels", venv_backend="none", default=False)
+def gpu_wheels(session: nox.Session) -> None:
+    """Wheels for the offline GPU machine (Python 3.12): distlab and what that machine lacks of its needs."""
+    _gpu_wheel_set(session)
+    session.log(f"{GPU_WHEELS}: {_carried_bytes() / 2**20:.1f} MiB with the tree; copy it beside the checkout "
+                "there, then docker/gpu-acceptance.sh")
+
+
+def _carried_bytes() -> int:
+    """What travels to the GPU machine: the files git knows or would add, and the wheels."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.split(b"\0")
+    tree = sum((ROOT / name.decode()).stat().st_size for name in listed if name and (ROOT / name.decode()).is_file())
+    return tree + sum(p.stat().st_size for p in GPU_WHEELS.glob("*.whl"))
+
+
+def _gpu_host(session: nox.Session) -> Path:
+    """The GPU machine's python3 rebuilt here: a venv of Python 3.12 holding GPU_HOST_PACKAGES (the CUDA 13
+    torch wheels run on CPUs; 5 GB, so made once and kept in ~/.cache/distlab/gpu-host)."""
+    home = GPU_HOST_HOME / f"py{GPU_PYTHON}-{GPU_HOST_PACKAGES[0].replace('==', '')}"
+    python, made = home / "bin" / "python3", home / ".distlab-made"
+    if made.is_file() and made.read_text() == " ".join(GPU_HOST_PACKAGES):
+        return python
+    base = os.environ.get("GPU_PROXY_PYTHON") or shutil.which(f"python{GPU_PYTHON}")
+    if not base:
+        session.error(f"needs Python {GPU_PYTHON} (pyenv install {GPU_PYTHON}, or set GPU_PROXY_PYTHON=/path/to/it)")
+    shutil.rmtree(home, ignore_errors=True)
+    session.run(base, "-m", "venv", str(home), external=True)
+    session.run(str(python), "-m", "pip", "install", "--quiet", *GPU_HOST_PACKAGES, external=True)
+    made.write_text(" ".join(GPU_HOST_PACKAGES))
+    return python
+
+
+@nox.session(name="gpu-proxy", venv_backend="none", default=False)
+def gpu_proxy(session: nox.Session) -> None:
+    """The one-GPU acceptance on the GPU machine's software, on CPUs: docker/gpu-acceptance.sh --cpu-proxy, offline.
+
+    That machine's python3 rebuilt (_gpu_host), no MPI, no Horovod, `make gpu-wheels`'s wheels; the script
+    run under `bwrap --unshare-net` (loopback only), as it runs there: install, doctor, calibrate, grade,
+    archive, into an --out folder held to what comes back from there (8 files of 16 MiB, no folders).
+    Options after -- go to `distlab acceptance` (say --deadline 900)."""
+    bwrap = shutil.which("bwrap")
+    if not bwrap:
+        session.error("needs bubblewrap to cut the network (as root: apt-get install bubblewrap)")
+    python = _gpu_host(session)
+    _gpu_wheel_set(session)
+    shutil.rmtree(GPU_PROXY, ignore_errors=True)
+    out = GPU_PROXY / "out"
+    out.mkdir(parents=True)
+    # That machine's PATH: its python3 first, no MPI, nothing of .nox/env.
+    env = {"PATH": f"{python.parent}:/usr/local/bin:/usr/bin:/bin", "PYTHON": str(python),
+           "WHEELS": str(GPU_WHEELS), "SITE": str(GPU_PROXY / "site"), "RESULTS_DIR": str(GPU_PROXY / "results"),
+           "PYTHONPATH": "", "HOME": os.environ.get("HOME", "/root")}
+    started = time.monotonic()
+    session.run(bwrap, "--unshare-net", "--dev-bind", "/", "/", "--", "env", "-i",
+                *[f"{k}={v}" for k, v in env.items()],
+                "docker/gpu-acceptance.sh", "--cpu-proxy", "--out", str(out), "--deadline", "1500",
+                *session.posargs, external=True, success_codes=[0, 1])
+    files = sorted(out.iterdir())
+    summary = json.loads((out / "acceptance.json").read_text())
+    too_big = [f.name for f in files if f.is_file() and f.stat().st_size > 16 << 20]
+    if len(files) > 8 or any(f.is_dir() for f in files) or too_big:
+        session.error(f"{out} would not come back from the GPU machine: {[f.name for f in files]} {too_big}")
+    steps = ", ".join(f"{s['step'].split()[0]} {s['status']} {s.get('seconds', 0):.0f} s" for s in summary["steps"])
+    torch = summary["preflight"]["torch"]
+    session.log(f"gpu-proxy: torch {torch['torch']}, python {torch['python']}; {steps}; archive "
+                f"{summary['archive']['bytes'] / 1e6:.2f} MB; {time.monotonic() - started:.0f} s; carried "
+                f"{_carried_bytes() / 2**20:.1f} MiB of 64")
+    # The proxy proves the path (install, doctor, calibrate, grade, archive), not this CPU's speed: it
+    # shares its cores, so speed verdicts are shown, never required (as tests/test_grade_e2e.py does).
+    speed = {"img_per_sec", "img_per_sec_ratio", "avg_busbw_gbps", "avg_busbw_gbps_ratio", "efficiency", "time"}
+    wrong = [f"{f['lab']} ws={f['world_size']} {f['check']}" for f in (summary.get("grade") or {}).get("failures", [])
+             if f["check"] not in speed]
+    broken = [s["step"] for s in summary["steps"] if s["status"] not in ("ok", "skipped")
+              and not (s["step"].startswith("grade") and s["status"] == "failed" and summary.get("grade"))]
+    if broken or wrong or summary.get("rows_left_out_of_profile"):
+        session.error(f"gpu-proxy: steps {broken}, checks {wrong}, rows left out of the profile "
+                      f"{summary.get('rows_left_out_of_profile')} (see {out}/acceptance.log)")
+
+
+@nox.session(name="gpu-proxy-tests", venv_backend="none", default=False)
+def gpu_proxy_tests(session: nox.Session) -> None:
+    """The tests on the GPU machine's software (Python 3.12, torch 2.11, no MPI, no Horovod), one worker:
+    by default those of the GPU path and of what lacks there; other pytest arguments after --."""
+    host = _gpu_host(session)
+    venv = ROOT / ".nox" / "gpu-proxy-tests"
+    # A venv made from that python3 does not see its packages (--system-site-packages shows the base
+    # interpreter's): a .pth file names the host's site-packages, and the venv is used only once it is
+    # seen to import the host's torch.
+    base = next(line.split("=", 1)[1].strip() for line in (host.parent.parent / "pyvenv.cfg").read_text().splitlines()
+                if line.startswith("home"))
+    session.run(str(Path(base) / f"python{GPU_PYTHON}"), "-m", "venv", "--clear", str(venv), external=True)
+    host_site = next((host.parent.parent / "lib").glob("python*/site-packages"))
+    (next((venv / "lib").glob("python*/site-packages")) / "gpu-host.pth").write_text(f"{host_site}\n")
+    python = str(venv / "bin" / "python")
+    seen = session.run(python, "-c", "import torch; print(torch.__file__)", external=True, silent=True).strip()
+    if not seen.startswith(str(host_site)):
+        session.error(f"the test venv imports torch from {seen}, not the GPU host's {host_site}")
+    session.run(python, "-m", "pip", "install", "--quiet", "-e", ".[test]", external=True)
+    # torch's console scripts are in the host's bin, for the host's python: the venv's own torchrun.
+    torchrun = venv / "bin" / "torchrun"
+    torchrun.write_text(f'#!/bin/sh\nexec "{python}" -m torch.distributed.run "$@"\n')
+    torchrun.chmod(0o755)
+    tests = session.posargs or [*map(str, sorted(ROOT.glob("tests/test_gpu_*.py"))), "tests/test_multinode.py",
+                                "tests/test_grade.py", "tests/test_check_lab.py"]
+    session.run(python, "-m", "pytest", "-p", "no:cacheprovider", "-n", "0", *tests, external=True,
+                env={"PATH": f"{venv / 'bin'}:/usr/local/bin:/usr/bin:/bin"})
 
 
 @nox.session(name="horovod-nccl", venv_backend="none", requires=["env"], default=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import json
 import os
 import subprocess
@@ -13,9 +14,23 @@ from typing import Any
 
 import pytest
 
+from harness.run.launchers import find_tool
 from harness.run.record import validate
 
 DISTLAB = str(Path(sys.executable).parent / "distlab")
+
+# Horovod and MPI come with `make setup`; a host may lack them (the GPU machine has neither), and a
+# test that needs one skips, saying so, rather than fail on the missing launcher.
+HOROVOD = importlib.util.find_spec("horovod") is not None and find_tool("horovodrun") is not None
+MPI = importlib.util.find_spec("mpi4py") is not None and find_tool("mpirun") is not None
+needs_horovod = pytest.mark.skipif(not HOROVOD, reason="Horovod is not installed here (`make setup` builds it)")
+needs_mpi = pytest.mark.skipif(not MPI, reason="no MPI here (mpirun and mpi4py: `make setup` installs them)")
+
+
+def needs(launcher: str | None, backend: str | None) -> list[pytest.MarkDecorator]:
+    """The skip marks of a run through this launcher on this backend."""
+    horovod = backend == "horovod" or launcher == "horovodrun"
+    return [*([needs_horovod] if horovod else []), *([needs_mpi] if launcher == "mpirun" or backend == "mpi" else [])]
 
 
 @dataclass

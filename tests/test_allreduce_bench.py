@@ -8,6 +8,7 @@ import json
 import shutil
 
 import pytest
+from conftest import needs
 
 from harness.benchmarks import allreduce as bench_collectives
 from harness.commands import cli
@@ -107,7 +108,8 @@ def assert_valid_bench_record(result, backend: str, world_size: int, collectives
 # World sizes 3 and 4 make the bus factors differ from 1 and 1/2, so a wrong factor cannot hide.
 # Horovod's calls are checked by the collectives lab's tests; the bench code around them is the same.
 @pytest.mark.integration
-@pytest.mark.parametrize(("backend", "world_size"), [("gloo", 4), ("mpi", 3)])
+@pytest.mark.parametrize(("backend", "world_size"), [pytest.param(*case, marks=needs(None, case[0]))
+                                                     for case in [("gloo", 4), ("mpi", 3)]])
 def test_bench_writes_a_valid_record_for_every_collective(distlab_run, backend, world_size):
     timed = TIMED
     # 8 bytes is 2 float32 elements: too few to split across more ranks, so chunked collectives skip it.

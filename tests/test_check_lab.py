@@ -5,6 +5,7 @@ Ctrl-C during a run, under each launcher: tests/test_reliability.py (the network
 import json
 
 import pytest
+from conftest import needs
 
 from harness.run.processes import run_processes
 
@@ -21,7 +22,8 @@ LAUNCHES = [
 ]
 
 
-@pytest.mark.parametrize(("world_size", "launcher", "backend"), LAUNCHES)
+@pytest.mark.parametrize(("world_size", "launcher", "backend"),
+                         [pytest.param(*launch, marks=needs(launch[1], launch[2])) for launch in LAUNCHES])
 def test_check_passes_and_records_every_rank(distlab_run, world_size, launcher, backend):
     result = distlab_run("check", world_size, lab_args=["--elements", "4096"], launcher=launcher, backend=backend)
     assert result.returncode == 0, result.output
@@ -41,8 +43,8 @@ def test_check_passes_and_records_every_rank(distlab_run, world_size, launcher, 
     assert "OMP_NUM_THREADS=1" in (result.run_dir / "command.txt").read_text()
 
 
-@pytest.mark.parametrize(("launcher", "backend"), [("torchrun", "gloo"), ("horovodrun", "horovod"),
-                                                   ("mpirun", "mpi")])
+@pytest.mark.parametrize(("launcher", "backend"), [pytest.param(*pair, marks=needs(*pair)) for pair in [
+    ("torchrun", "gloo"), ("horovodrun", "horovod"), ("mpirun", "mpi")]])
 def test_a_failing_rank_is_named_with_its_log_and_leaves_no_process(distlab_run, launcher, backend):
     result = distlab_run("check", 2, lab_args=["--fail-rank", "1"], launcher=launcher, backend=backend)
     assert result.returncode == 1

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import needs
 
 from labs.collectives import collectives
 from labs.collectives.primitives import (
@@ -167,7 +168,8 @@ def elements_checked(name: str, size: int, count: int) -> int:
 # cannot); MPI and Horovod once each, one at 4 and one at 2: their calls, on inputs and expected values
 # that primitives.py makes the same way for every backend.
 @pytest.mark.integration
-@pytest.mark.parametrize(("backend", "world_size"), [("gloo", 2), ("gloo", 4), ("mpi", 4), ("horovod", 2)])
+@pytest.mark.parametrize(("backend", "world_size"), [pytest.param(*case, marks=needs(None, case[0])) for case in [
+    ("gloo", 2), ("gloo", 4), ("mpi", 4), ("horovod", 2)]])
 def test_every_primitive_dtype_and_op_is_exact_or_na(distlab_run, backend, world_size):
     result = distlab_run("collectives", world_size, lab_args=["--dtype", "all", "--op", "all"], backend=backend)
     assert result.returncode == 0, result.output[-4000:]

@@ -281,6 +281,7 @@ def test_the_nccl_build_links_nccl_and_says_so(tmp_path):
 
 
 # ------------------------------------------------------------------------- the one-GPU acceptance
+# (its deadline, outbox, preflight and calibration: tests/test_gpu_acceptance.py)
 
 
 @pytest.mark.parametrize("horovod", [True, False])
@@ -295,8 +296,7 @@ def test_the_one_gpu_plan_runs_every_nccl_lab_and_two_ranks_over_gloo_on_the_gpu
     nccl_at_1 = {row.catalog_lab for row in rows.values() if row.backend == "nccl" and row.world_sizes == (1,)}
     assert nccl_at_1 == {"check", "ddp", "fsdp", "tensor_parallel", "pipeline", "allreduce_bench", "collectives",
                          "scaling"}
-    assert {rows[name].args[rows[name].args.index("--strategy") + 1] for name in ("fsdp", "fsdp_zero1", "fsdp_ddp")} \
-        == {"fsdp", "zero1", "ddp"}
+    assert rows["fsdp"].args[rows["fsdp"].args.index("--strategy") + 1] == "fsdp"  # FSDP2, the GPU-relevant one
     shared = [row for row in rows.values() if row.world_sizes == (2,)]
     assert {row.catalog_lab for row in shared} == {"check", "ddp"}
     assert all(row.backend == "gloo" and "--device" in row.args and "cuda" in row.args for row in shared)
@@ -306,32 +306,36 @@ def test_the_one_gpu_plan_runs_every_nccl_lab_and_two_ranks_over_gloo_on_the_gpu
 
 
 @pytest.mark.parametrize("horovod", [(True, "built with NCCL"), (False, "Horovod was built without NCCL")])
-def test_the_one_gpu_acceptance_fits_its_budget_and_names_a_skipped_horovod(horovod, tmp_path):
+def test_the_one_gpu_acceptance_names_a_skipped_horovod_and_grades_what_it_calibrated(horovod, tmp_path):
     from harness.commands import acceptance
 
-    planned = acceptance.one_gpu_steps("NVIDIA H200", tmp_path, horovod)
-    names = [name for name, _, _ in planned]
-    assert names[-2:] == ["calibrate nvidia-h200-x1", "grade against nvidia-h200-x1"]
-    skipped = [name for name, argv, _ in planned if argv is None]
+    planned = acceptance.one_gpu_steps("nvidia-h200-x1", tmp_path, horovod)
+    names = [step.name for step in planned]
+    assert names[0] == "doctor" and names[-3:] == ["calibrate nvidia-h200-x1", "grade against nvidia-h200-x1",
+                                                   "claim spread"]
+    skipped = [step.name + " " + step.note for step in planned if step.argv is None]
     assert skipped == ([] if horovod[0] else ["horovod ws=1 SKIPPED: Horovod was built without NCCL"])
-    total = sum(seconds for _, _, seconds in planned)
-    assert 0 < total <= acceptance.BUDGET_S
-    grade = dict((name, argv) for name, argv, _ in planned)["grade against nvidia-h200-x1"]
+    calibrate, grade, spread = planned[-3].argv, planned[-2].argv, planned[-1]
+    assert spread.script.name == "gpu-claim-spread.py" and "--config=bf16:512" in spread.argv
+    assert "--keep-going" in calibrate and calibrate[calibrate.index("--timeout") + 1] == "150"
     assert grade[grade.index("--profile") + 1] == str(tmp_path / "profiles" / "nvidia-h200-x1.toml")
 
 
-def test_acceptance_dry_run_prints_every_step_with_its_seconds_and_starts_nothing(capsys, tmp_path, monkeypatch):
+def test_acceptance_dry_run_prints_every_row_step_and_phase_and_starts_nothing(capsys, tmp_path, monkeypatch):
     from harness.commands import acceptance, cli
 
-    monkeypatch.setattr(acceptance, "visible_gpus", lambda: {"count": 0, "models": [], "driver": None})
+    no_gpu = {"python": "python3", "torch": "2.11.0", "cuda_visible": False, "why_no_cuda": "no NVIDIA driver here"}
+    monkeypatch.setattr(acceptance, "probe_torch", lambda: no_gpu)
     monkeypatch.setattr(acceptance, "horovod_with_nccl", lambda: (False, "Horovod was built without NCCL"))
-    assert cli.main(["acceptance", "--dry-run", "--results", str(tmp_path / "r")]) == 0
+    assert cli.main(["acceptance", "--dry-run", "--results", str(tmp_path / "r")]) == 1  # no GPU: it would stop
     out = capsys.readouterr().out
     for row in acceptance.planned_rows(False):
-        assert f"plan row {row} " in out
-    assert "horovod ws=1 SKIPPED" in out and "calibrate nvidia-h200-x1" in out and "grade against" in out
+        assert f"plan row {row.name} " in out
+    assert "horovod ws=1" in out and "SKIPPED" in out and "calibrate nvidia-h200-x1" in out and "grade against" in out
+    assert "first CUDA load" in out and "cuDNN autotune" in out and "the real run would stop: no GPU" in out
     total = float(out.split("expected total ")[1].split()[0])
-    assert total <= acceptance.BUDGET_S
+    assert total == sum(seconds for _, seconds in acceptance.estimate(acceptance.planned_rows(False)))
+    assert total + acceptance.RESERVE_S <= acceptance.DEADLINE_S
     assert not (tmp_path / "r").exists()
 
 
@@ -351,8 +355,8 @@ def test_the_offline_gpu_acceptance_refuses_in_one_line(torch_version, wheel, me
     if wheel:
         (tmp_path / "wheels" / "distlab-0.1.0-py3-none-any.whl").write_text("")
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "stub"), "PYTHON": sys.executable,
-           "WHEELS": str(tmp_path / "wheels"), "VENV": str(tmp_path / "venv")}
+           "WHEELS": str(tmp_path / "wheels"), "SITE": str(tmp_path / "site")}
     done = subprocess.run([str(REPO / "docker" / "gpu-acceptance.sh"), "--dry-run"], capture_output=True, text=True,
                           env=env, timeout=60)
     assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
-    assert not (tmp_path / "venv").exists()
+    assert not (tmp_path / "site").exists()

@@ -65,11 +65,12 @@ def test_acceptance_runs_every_world_size_the_gpus_allow(gpus, sizes, tmp_path):
 def test_acceptance_without_a_gpu_is_one_line_and_starts_nothing(capsys, tmp_path, monkeypatch):
     from harness.commands import acceptance, cli
 
-    monkeypatch.setattr(acceptance, "visible_gpus", lambda: {"count": 0, "models": [], "driver": None})
+    no_gpu = {"python": "python3", "torch": "2.11.0", "cuda_visible": False, "why_no_cuda": "no NVIDIA driver here"}
+    monkeypatch.setattr(acceptance, "probe_torch", lambda: no_gpu)
     assert cli.main(["acceptance", "--results", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
-    assert "no GPU is visible" in err and "make grade" in err and err.count("\n") == 1
-    assert not (tmp_path / "r").exists()
+    assert "no GPU is visible" in err and "no NVIDIA driver here" in err and "make grade" in err
+    assert err.count("\n") == 1 and not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 8])

@@ -6,6 +6,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from conftest import needs_horovod
 
 from harness.commands import calibrate
 from harness.report import pages
@@ -322,6 +323,7 @@ def test_world_sizes_select_among_the_profiles_cells_and_add_their_arguments(tmp
     assert GradePlan(profile, ["ddp"], None, 1, {}, tmp_path, None).cells() == [("ddp", 1), ("ddp", 2)]
 
 
+@needs_horovod  # the runs are stand-ins, but the horovod cell's request needs horovodrun to be built
 def test_each_run_of_a_cell_follows_a_reference_run_of_its_own_at_the_profiles_threads(tmp_path, monkeypatch):
     from harness.grading import execute, samples
     from harness.grading.plan import GradePlan

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import needs_mpi
 
 from harness.commands import cli
 from harness.run import job_templates, multinode
@@ -29,11 +30,15 @@ DISTLAB = str(Path(sys.executable).parent / "distlab")
     (["--nnodes", "2", "--rdzv-endpoint", "no-such-host.invalid:29400"], "rendezvous host 'no-such-host.invalid' does"
                                                                           " not resolve"),
     (["--node-rank", "1"], "--node-rank 1 without --nnodes"),
-    (["--backend", "mpi", "--hosts", "localhost:1,localhost:1"], "host localhost is listed twice"),
-    (["--backend", "mpi", "--hosts", "localhost:1"], "the hosts offer 1 slot(s) for world size 2"),
+    # Without MPI (the GPU machine has none) these are refused for the missing mpirun first.
+    pytest.param(["--backend", "mpi", "--hosts", "localhost:1,localhost:1"], "host localhost is listed twice",
+                 marks=needs_mpi),
+    pytest.param(["--backend", "mpi", "--hosts", "localhost:1"], "the hosts offer 1 slot(s) for world size 2",
+                 marks=needs_mpi),
     (["--hosts", "localhost:2"], "--hosts/--hostfile are for mpirun and horovodrun"),
-    (["--backend", "mpi", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"], "--nnodes/--rdzv-endpoint are torchrun"),
-    (["--max-restarts", "2", "--backend", "mpi"], "--max-restarts needs torchrun"),
+    pytest.param(["--backend", "mpi", "--nnodes", "2", "--rdzv-endpoint", "127.0.0.1:1"],
+                 "--nnodes/--rdzv-endpoint are torchrun", marks=needs_mpi),
+    pytest.param(["--max-restarts", "2", "--backend", "mpi"], "--max-restarts needs torchrun", marks=needs_mpi),
 ])
 def test_bad_placement_is_refused_before_anything_starts(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -13,7 +13,7 @@ import time
 
 import psutil
 import pytest
-from conftest import DISTLAB
+from conftest import DISTLAB, needs_horovod, needs_mpi
 
 from harness.run.processes import run_processes
 
@@ -43,6 +43,8 @@ def test_a_skipped_allreduce_leaves_every_rank_waiting_in_a_different_collective
     assert "hang suspected: a collective timed out" in result.run["reason"]
 
 
+@needs_horovod
+@needs_mpi
 def test_horovod_under_mpirun_names_the_rank_that_skipped_an_allreduce(distlab_run):
     result = distlab_run("horovod", 2, launcher="mpirun",
                          lab_args=[*SMOKE, "--timeout", "10", "--fault", "skip:rank=1:step=2"], timeout=240)
@@ -68,10 +70,10 @@ def _listening(marker: str) -> dict[str, set[str]]:
 
 @pytest.mark.parametrize(("launcher", "backend", "runtime"), [
     ("torchrun", "gloo", set()),
-    ("horovodrun", "horovod", set()),
+    pytest.param("horovodrun", "horovod", set(), marks=needs_horovod),
     # Open MPI 5's runtime daemon listens on every interface and refuses loopback only (PRRTE
     # reports no usable interface); the ranks themselves listen nowhere else.
-    ("mpirun", "gloo", {"prterun", "prte"}),
+    pytest.param("mpirun", "gloo", {"prterun", "prte"}, marks=needs_mpi),
 ])
 def test_a_one_host_run_listens_on_loopback_only_and_ends_cleanly_on_ctrl_c(results, launcher, backend, runtime):
     # The check lab joins its process group as the training labs do (labs/common/process_group.py;

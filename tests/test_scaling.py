@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import needs_horovod
 
 from harness.commands import cli, scale
 from harness.report import plots
@@ -320,6 +321,7 @@ def test_strong_scaling_splits_the_global_batch_in_real_runs(tmp_path, capsys):
 
 
 @pytest.mark.integration
+@needs_horovod
 def test_horovod_scaling_with_fp16_compression(tmp_path, capsys):
     results = tmp_path / "results"
     code = cli.main(["scale", "--lab", "horovod", "--world-sizes", "2", "--repeats", "1", "--batch", "2",

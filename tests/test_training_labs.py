@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SMOKE_TRAIN_IMAGES, assert_valid_record, run_lab
+from conftest import SMOKE_TRAIN_IMAGES, assert_valid_record, needs, needs_horovod, run_lab
 
 from harness.commands import cli
 from harness.observe import data_parallel, observations
@@ -40,6 +40,7 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
 
 
 # The longest test first: pytest-xdist hands tests out in file order.
+@needs_horovod  # the checkpoint is resumed by the Horovod lab
 def test_a_crashed_run_resumes_where_its_checkpoint_left_off(distlab_run, tmp_path):
     args = ["--smoke", "--epochs", "3", "--train-size", "128", "--test-size", "64"]  # 2 steps an epoch at 2 x 32
     straight = distlab_run("ddp", 2, args)
@@ -103,7 +104,7 @@ def baseline_params(tmp_path_factory) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize(("lab", "extra"), [
     ("ddp", []),
     ("ddp", ["--accumulate", "2"]),  # no_sync on the first of 2 micro-batches of 8
-    ("horovod", ["--accumulate", "2"]),  # backward_passes_per_step=2
+    pytest.param("horovod", ["--accumulate", "2"], marks=needs_horovod),  # backward_passes_per_step=2
 ], ids=["ddp", "ddp-accumulate", "horovod-accumulate"])
 def test_ddp_and_horovod_take_the_baselines_steps(distlab_run, baseline_params, tmp_path, lab, extra):
     # Same seed, same global batch of 32: the baseline with 32 images in one process, the distributed
@@ -123,7 +124,8 @@ RECORD_RUNS = [
 ]
 
 
-@pytest.mark.parametrize(("lab", "world_size", "launcher", "extra"), RECORD_RUNS)
+@pytest.mark.parametrize(("lab", "world_size", "launcher", "extra"),
+                         [pytest.param(*run, marks=needs(run[2], run[0])) for run in RECORD_RUNS])
 def test_each_lab_writes_a_valid_record(distlab_run, lab, world_size, launcher, extra):
     result = distlab_run(lab, world_size, ["--smoke", *extra], launcher=launcher)
     assert result.returncode == 0, result.output
@@ -190,6 +192,7 @@ def test_a_checkpoint_of_another_model_is_refused_and_kept(capsys, tmp_path):
     assert validate(json.loads(record.read_text()))["status"] == "failed"
 
 
+@needs_horovod  # one of its kinds is the Horovod lab
 def test_bench_train_runs_every_kind_and_reports_the_four_ratios(tmp_path):
     out = tmp_path / "bench.json"
     assert cli.main(["bench", "train", "--device", "cpu", "--steps", "4", "--repeats", "1", "--batch-size", "8",

@@ -317,6 +317,30 @@ def base_read_only(python: str = sys.executable) -> list[str]:
     return sorted({"/usr", "/etc", *(str(REPO / part) for part in REPOSITORY_PARTS), str(interpreter), *prefixes})
 
 
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # one folder per GPU, by PCI bus id, each with its "Device Minor"
+
+
+def gpu_minors(indices: list[int]) -> list[int]:
+    """The /dev/nvidiaN of each GPU index in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID, nvidia-smi's):
+    the driver's device minor of each, which need not be the index; the index where the driver says none."""
+    try:  # bus ids ("0000:1b:00.0", fixed width, lower case) sort as the bus order
+        infos = [Path(NVIDIA_GPUS, bus, "information").read_text() for bus in sorted(os.listdir(NVIDIA_GPUS))]
+        minors = [int(re.search(r"^Device Minor:\s*(\d+)", info, re.M).group(1)) for info in infos]  # type: ignore[union-attr]
+    except (OSError, AttributeError, ValueError):  # no driver here, or one that does not say: the indices
+        minors = []
+    return [minors[i] if i < len(minors) else i for i in indices]
+
+
+def gpu_sys_paths() -> list[str]:
+    """What NCCL's topology detection reads (src/os/linux.cc, src/graph/xml.cc): each GPU's PCI path,
+    resolved from /sys/class/pci_bus/<domain:bus>/../../<bus id>, the attributes along it up to the
+    root complex (class, link speeds and widths, numa_node), and each NUMA node's cpumap; without
+    them it guesses the topology. NVIDIA's module version is read there too."""
+    roots = sorted(str(p) for p in Path("/sys/devices").glob("pci*"))
+    wanted = ["/sys/class/pci_bus", *roots, "/sys/bus/pci", "/sys/devices/system/node", "/sys/module/nvidia"]
+    return [path for path in wanted if os.path.exists(path)]
+
+
 def _under(path: str, roots: list[str]) -> bool:
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
@@ -454,14 +478,18 @@ def bwrap_argv(spec: Spec, run_dir: str, command: list[str], tool: str = "bwrap"
         if _under(path, scratch) and os.path.exists(path):
             argv += _parents(path, made) + ["--ro-bind", path, path]
             made.add(path)
-    for index in spec.gpus or []:  # written for GPU hosts: untested here (no GPU on this machine)
-        argv += ["--dev-bind-try", f"/dev/nvidia{index}", f"/dev/nvidia{index}"]
+    # The job's GPUs only: CUDA numbers the devices it can open from 0, so inside they are 0..k-1
+    # (CUDA_VISIBLE_DEVICES below), in PCI bus order as outside. Binding every GPU and hiding the
+    # others by CUDA_VISIBLE_DEVICES alone would let a program that unsets it use another job's.
+    for minor in gpu_minors(spec.gpus or []):
+        argv += ["--dev-bind-try", f"/dev/nvidia{minor}", f"/dev/nvidia{minor}"]
     if spec.gpus:
         for device in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
             argv += ["--dev-bind-try", f"/dev/{device}", f"/dev/{device}"]
-        argv += ["--ro-bind-try", "/proc/driver/nvidia", "/proc/driver/nvidia",
-                 "--ro-bind-try", "/sys/bus/pci", "/sys/bus/pci", "--ro-bind-try", "/sys/module/nvidia",
-                 "/sys/module/nvidia"]
+        argv += ["--ro-bind-try", "/proc/driver/nvidia", "/proc/driver/nvidia"]
+        for path in gpu_sys_paths():  # read-only, with parents the job's uid can pass (not bwrap's 0700)
+            argv += _parents(path, made) + ["--ro-bind", path, path]
+            made.add(path)
     # Hidden next (the class's other folders, where a broad bind shows them), then what is the job's
     # own, bound into those empty folders: the parents made before are gone under the new tmpfs.
     covered = []
@@ -477,7 +505,8 @@ def bwrap_argv(spec: Spec, run_dir: str, command: list[str], tool: str = "bwrap"
     argv += _parents(run_dir, made) + ["--bind", run_dir, run_dir, "--chdir", run_dir]
     env = {"HOME": "/tmp", "TMPDIR": "/tmp", "GLOO_SOCKET_IFNAME": "lo", **spec.env}
     if spec.gpus is not None:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, range(len(spec.gpus))))
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     for name, value in env.items():
         argv += ["--setenv", name, value]
     return argv + ["--", *as_the_jobs_uid(spec, command)]

@@ -10,7 +10,9 @@ what was measured:
   A ratio carries from one CPU to another where img/s does not (they differ up to 8x); the 0.6
   leaves room for a CPU whose input pipeline weighs more, and still fails a program at half speed.
 - throughput without a reference (calibrated GPU profiles): expected = mean of the K runs;
-  at_least_fraction = (mean - 3 sd) / mean, clamped to [0.3, 0.7].
+  at_least_fraction = (mean - 3 sd) / mean, clamped to [0.3, 0.7]; 0.3 where a world size ran once
+  (no spread measured is not no spread: one run's band failed the next honest run at 0.60 x the first,
+  the CPU proxy of the GPU acceptance on a shared machine).
 - accuracy (the harness's own measurement of rank 0's final weights, where it made one): min =
   lowest run - max(3 sd, 0.1); max = 1.0; none when no run got 0.1 above chance (a smoke run too
   short to learn: such a band could not fail). accuracy_delta across world sizes is
@@ -97,7 +99,8 @@ def derive_lab(template: dict[str, Any], exp_metric: str, cells: dict[int, list[
             metrics[exp_metric] = {"at_least_ratio": {str(ws): round(RATIO_FLOOR * min(r, 1.0), 3)
                                                       for ws, r in ratios.items()}}
         else:
-            fractions = [(m - 3 * _sd(throughput[ws])) / m if m else 0.3 for ws, m in means.items()]
+            fractions = [(m - 3 * _sd(throughput[ws])) / m if m and len(throughput[ws]) > 1 else 0.3
+                         for ws, m in means.items()]
             metrics[exp_metric] = {"expected": {str(ws): round(m, 4) for ws, m in means.items()},
                                    "at_least_fraction": round(min(0.7, max(0.3, min(fractions))), 3)}
         loops = references or {}
@@ -144,7 +147,7 @@ def build_profile(name: str, template: Profile, template_data: dict[str, Any],
                   versions: dict[str, Any], references: dict[tuple[str, int], float | None] | None = None
                   ) -> dict[str, Any]:
     labs = {}
-    for lab in sorted({lab for lab, _ in done}):
+    for lab in [row for row in template.labs if any(lab == row for lab, _ in done)]:  # the order they run
         cells = {ws: samples for (name_, ws), samples in done.items() if name_ == lab}
         base, rates = row_baseline(template.labs[lab], done, references or {})  # as the grade compares
         labs[lab] = derive_lab(template_data["labs"][lab], template.labs[lab].throughput_metric, cells, rates,
@@ -154,7 +157,7 @@ def build_profile(name: str, template: Profile, template_data: dict[str, Any],
         "name": name,
         "description": f"measured by distlab calibrate on {host['cpu_model']}"
                        + (f" with {host['gpus']} x {host['gpu_models'][0]}" if host["gpus"] else ""),
-        "provisional": False,
+        "provisional": repeats < 2,  # one run per cell: bands without a spread measured, to be measured again
         "auto_select": True,
         # The runs were measured at these threads; graded at any other, the ratios would not hold.
         **({"threads_per_rank": template.threads_per_rank} if template.threads_per_rank else {}),
@@ -187,6 +190,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="profile whose labs, arguments and world sizes are measured")
     parser.add_argument("--output", type=Path, default=Path("profiles"),
                         help="folder the new profile goes to (yours: the package folder may belong to root)")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="write the profile from the cells whose runs all passed, naming the others, "
+                             "also when stopped (Ctrl-C, SIGTERM)")
 
 
 def run(args: argparse.Namespace, lab_args: list[str]) -> int:
@@ -211,11 +217,29 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     grade_plan = grade_options.plan_from(args, args.template)
     done: dict[tuple[str, int], list[Sample]] = {}
     references: dict[tuple[str, int], list[Sample]] = {}
-    execute(grade_plan, done, references)  # Ctrl-C here writes no profile
+    interrupted = None
+    try:
+        execute(grade_plan, done, references)  # Ctrl-C here writes no profile, unless --keep-going
+    except KeyboardInterrupt as stop:
+        if not args.keep_going:
+            raise
+        interrupted = stop
     rates = reference_rates(grade_plan.reference, references)
     failed = [s for samples in done.values() for s in samples if s.status != "ok"]
-    if failed:
+    if failed and not args.keep_going:
         console.print(f"calibration needs successful runs: {failed[0].run_dir}: {failed[0].reason}", markup=False)
+        return 1
+    # --keep-going: a cell with a failed run, or not run at all, is left out of the profile, by name.
+    left_out = [cell for cell in grade_plan.cells() if cell not in done
+                or any(s.status != "ok" for s in done[cell])]
+    for lab, ws in left_out:
+        reason = next((f"{s.run_dir}: {s.reason}" for s in done.get((lab, ws), []) if s.status != "ok"), "not run")
+        console.print(f"left out of the profile: {lab} ws={ws} ({reason})", markup=False)
+    done = {cell: samples for cell, samples in done.items() if cell not in left_out}
+    if not done:
+        console.print("no cell passed: no profile written", markup=False)
+        if interrupted is not None:
+            raise interrupted
         return 1
     template_data = profiles.tomllib.loads(grade_plan.profile.path.read_text())
     data = build_profile(args.profile, grade_plan.profile, template_data, done, grade_plan.repeats,
@@ -224,4 +248,6 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     profiles.load_profile(target)  # what we wrote must load
     console.print(f"wrote {target}; grade against it with `distlab grade --profile {target}`, or review it and "
                   "commit it to harness/profiles/", markup=False)
-    return 0
+    if interrupted is not None:
+        raise interrupted  # the CLI says so and exits 130 (Ctrl-C) or 128 + the signal
+    return 1 if left_out else 0

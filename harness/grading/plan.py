@@ -46,8 +46,9 @@ class GradePlan:
             exp = self.profile.labs[lab]
             # Expectations exist only where the profile has them: --world-sizes selects among those.
             sizes = [ws for ws in exp.world_sizes if not self.world_sizes or ws in self.world_sizes]
-            if self.profile.on_gpus and self.gpus is not None:
-                sizes = [ws for ws in sizes if ws <= self.gpus]  # one GPU per rank
+            one_gpu_per_rank = exp.backend in (None, LABS[exp.catalog_lab].gpu_backend)  # a Gloo row shares them
+            if self.profile.on_gpus and self.gpus is not None and one_gpu_per_rank:
+                sizes = [ws for ws in sizes if ws <= self.gpus]
             planned += [(lab, ws) for ws in sizes if LABS[exp.catalog_lab].runs_at(ws)]
         return planned
 
