@@ -7,6 +7,7 @@ import pytest
 
 from harness.run import launchers
 from harness.run.launchers import LAUNCHERS, LaunchSpec
+from labs.common.host import Cores
 
 
 def spec(world_size: int = 2) -> LaunchSpec:
@@ -46,7 +47,7 @@ def test_horovodrun_uses_gloo_on_localhost_slots():
     (0, 2, 2, True, False), (1000, 2, 2, False, False), (0, 2, 4, True, True), (1000, 1, 2, False, True)])
 def test_mpirun_flags_only_when_needed(monkeypatch, euid, cores, world_size, root_flag, oversubscribe):
     monkeypatch.setattr(launchers.os, "geteuid", lambda: euid)
-    monkeypatch.setattr(launchers.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(launchers, "usable_cores", lambda: Cores(cores, "affinity", 8, cores, None))
     command = LAUNCHERS["mpirun"].command(spec(world_size))
     assert command[command.index("btl") + 1] == "^tcp"  # one host: shared memory, no rank listens on TCP
     assert ("--allow-run-as-root" in command) is root_flag

@@ -7,7 +7,6 @@ broken Horovod build can abort the interpreter that loads it.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -71,7 +70,7 @@ def facts() -> dict[str, Any]:
         "horovod": "PyTorch" in horovod.get("frameworks", []),
     }
     launchers = {name: find_tool(name) for name in LAUNCHERS}
-    cores = os.cpu_count() or 1
+    cores = host.usable_cores()
     runnable = {}
     for lab in LABS.values():
         usable = []
@@ -81,7 +80,7 @@ def facts() -> dict[str, Any]:
             # labs/deepspeed needs DeepSpeed (the `deepspeed` extra, which `make setup` installs).
             needs_deepspeed = lab.name == "deepspeed" and not _version("deepspeed")
             if ok_backend and found and lab.path.exists() and not needs_deepspeed:
-                limit = lab.max_world_size or (gpus if backend == "nccl" else cores)
+                limit = lab.max_world_size or (gpus if backend == "nccl" else cores.count)
                 usable.append({"backend": backend, "launchers": found, "world_sizes_without_oversubscribing":
                                f"1..{limit}"})
         runnable[lab.name] = usable
@@ -95,7 +94,8 @@ def facts() -> dict[str, Any]:
         "horovod_build": horovod,
         "backends": backends,
         "gpus": gpu_facts,
-        "cpu": {"model": host.cpu_model(), "cores": cores},
+        "cpu": {"model": host.cpu_model(), "cores": cores.count, "cores_limited_by": cores.limited_by,
+                "host_cores": cores.host},
         "launchers": launchers,
         "labs": runnable,
     }
@@ -137,7 +137,9 @@ def main(as_json: bool = False) -> int:
     versions.add_row("horovod controllers", ", ".join(found["horovod_build"].get("controllers", [])) or "-")
     console.print(versions)
     gpus = found["gpus"]
-    console.print(f"CPU: {found['cpu']['model']}, {found['cpu']['cores']} cores; GPUs: "
+    cpu = found["cpu"]
+    ours = f" of the host's {cpu['host_cores']} ({cpu['cores_limited_by']})" if cpu["cores_limited_by"] != "host" else ""
+    console.print(f"CPU: {cpu['model']}, {cpu['cores']} cores{ours}; GPUs: "
                   + (f"{gpus['count']} x {gpus['models'][0]} (driver {gpus['driver']})" if gpus["count"] else "none"))
     console.print("backends: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in found["backends"].items()))
     labs = Table(title="runnable here")
@@ -158,5 +160,5 @@ def main(as_json: bool = False) -> int:
 def fingerprint() -> dict[str, Any]:
     """The few facts that choose a profile: GPU count and models, CPU cores and model."""
     gpus = host.gpus()
-    return {"gpus": gpus["count"], "gpu_models": gpus["models"], "cores": os.cpu_count() or 1,
+    return {"gpus": gpus["count"], "gpu_models": gpus["models"], "cores": host.usable_cores().count,
             "cpu_model": host.cpu_model()}

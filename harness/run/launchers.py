@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labs.common.host import usable_cores
+
 
 @dataclass(frozen=True)
 class LaunchSpec:
@@ -124,7 +126,7 @@ def mpirun_command(spec: LaunchSpec) -> list[str]:
     command = [_tool(spec, "mpirun")]
     if _is_root():
         command.append("--allow-run-as-root")  # Open MPI refuses root unless told; only then
-    if spec.world_size > (os.cpu_count() or 1) and not spec.multinode:
+    if spec.world_size > usable_cores().count and not spec.multinode:
         # More ranks than cores: allowed, and run.json says so. Across hosts, slots decide.
         # Idle ranks must yield the core: Open MPI's busy polling otherwise starves the rank
         # that has work (seen here: 4 ranks on 2 cores ran many times slower).

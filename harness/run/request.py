@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from harness.run.launchers import LAUNCHERS, find_tool, refused_lab_arg
 from harness.run.multinode import PlacementError
 from harness.run.run_dir import check_safe_name
 from harness.usage import UsageError
-from labs.common.host import gpu_count
+from labs.common.host import gpu_count, usable_cores
 
 
 @dataclass
@@ -82,7 +81,7 @@ _OWNED_WHY = {"--record": "the record is written into the run directory",
 
 def default_threads(world_size: int) -> int:
     """Cores shared evenly between ranks, at least one each."""
-    return max(1, (os.cpu_count() or 1) // world_size)
+    return max(1, usable_cores().count // world_size)
 
 
 def from_args(lab_name: str, world_size: int, args: argparse.Namespace, lab_args: list[str]) -> RunRequest:

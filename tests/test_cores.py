@@ -1,0 +1,183 @@
+"""How many cores are ours (labs/common/host.py, usable_cores): the CPU affinity, then the cgroup's CPU
+quota (v2 cpu.max, v1 cpu.cfs_quota_us over cpu.cfs_period_us, the smallest up the tree), then the host.
+
+The cgroup layouts are folders laid out like /sys/fs/cgroup with a /proc/self/cgroup beside them;
+taskset and, as root, a real cgroup with a quota show the same answer from a live process, and the
+harness's own choices (threads per rank, mpirun's --oversubscribe, run.json) follow it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from labs.common.host import Cores, cgroup_cpu_quota, usable_cores
+
+ROOT = Path(__file__).resolve().parent.parent
+ASK = ("import json, dataclasses; from labs.common.host import usable_cores; "
+       "print(json.dumps(dataclasses.asdict(usable_cores())))")
+
+
+def hierarchy(tmp_path: Path, proc_lines: list[str], files: dict[str, str]) -> tuple[Path, Path]:
+    """A fake /sys/fs/cgroup (files: path under it -> content) and the /proc/self/cgroup naming our cgroup."""
+    root = tmp_path / "cgroup"
+    root.mkdir(parents=True)
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    proc = tmp_path / "proc-self-cgroup"
+    proc.write_text("".join(line + "\n" for line in proc_lines))
+    return root, proc
+
+
+def test_v2_cpu_max_of_a_kubernetes_pod(tmp_path):
+    # A pod with `limits: cpu: 1500m`: the kubelet writes the pod's cpu.max; its container has none.
+    root, proc = hierarchy(tmp_path, ["0::/kubepods.slice/pod1/ctr"], {
+        "kubepods.slice/cpu.max": "max 100000\n",
+        "kubepods.slice/pod1/cpu.max": "150000 100000\n",
+        "kubepods.slice/pod1/ctr/cpu.max": "max 100000\n"})
+    assert cgroup_cpu_quota(root, proc) == ("cgroup cpu.max", 1.5)
+    cores = usable_cores(root, proc)
+    assert cores.quota == 1.5 and cores.count == 1  # rounded down: 1.5 cores run one thread at full speed
+    assert cores.limited_by == ("cgroup cpu.max" if cores.host > 1 else "host")
+
+
+def test_v1_cfs_quota_of_a_slurm_job(tmp_path):
+    # Hybrid host: the cpu controller on v1 (this machine's layout), the unified tree beside it.
+    root, proc = hierarchy(tmp_path, ["12:pids:/", "4:cpu,cpuacct:/slurm/uid_0/job_7", "0::/"], {
+        "cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+        "cpu,cpuacct/slurm/uid_0/job_7/cpu.cfs_quota_us": "300000\n",
+        "cpu,cpuacct/slurm/uid_0/job_7/cpu.cfs_period_us": "100000\n",
+        "cpu.max": "50000 100000\n"})  # the unified tree holds no cpu controller here: never read
+    assert cgroup_cpu_quota(root, proc) == ("cgroup cpu.cfs_quota_us", 3.0)
+
+
+def test_a_parent_s_smaller_quota_binds_its_children(tmp_path):
+    root, proc = hierarchy(tmp_path, ["1:cpu:/job/step"], {
+        "cpu/job/cpu.cfs_quota_us": "100000\n", "cpu/job/cpu.cfs_period_us": "100000\n",
+        "cpu/job/step/cpu.cfs_quota_us": "400000\n", "cpu/job/step/cpu.cfs_period_us": "100000\n"})
+    assert cgroup_cpu_quota(root, proc)[1] == 1.0
+    root2, proc2 = hierarchy(tmp_path / "v2", ["0::/a/b"], {"a/cpu.max": "100000 50000\n",
+                                                           "a/b/cpu.max": "50000 100000\n"})
+    assert cgroup_cpu_quota(root2, proc2)[1] == 0.5
+    assert usable_cores(root2, proc2).count == 1  # never fewer than one
+
+
+def test_a_container_that_sees_only_its_own_cgroup_reads_the_mount_s_root(tmp_path):
+    # Without a cgroup namespace /proc/self/cgroup names the host's path, and the container's mount
+    # holds its own cgroup at the root.
+    root, proc = hierarchy(tmp_path, ["0::/machine.slice/libpod-4f2a.scope"], {"cpu.max": "200000 100000\n"})
+    assert cgroup_cpu_quota(root, proc) == ("cgroup cpu.max", 2.0)
+
+
+@pytest.mark.parametrize(("proc_lines", "files"), [
+    (["0::/user.slice"], {"user.slice/cpu.max": "max 100000\n", "cpu.max": "max 100000\n"}),
+    (["3:cpu,cpuacct:/"], {"cpu,cpuacct/cpu.cfs_quota_us": "-1\n", "cpu,cpuacct/cpu.cfs_period_us": "100000\n"}),
+    (["0::/"], {}),  # cpu.max absent (the root cgroup has none)
+    (["3:cpu,cpuacct:/"], {}),  # no v1 cpu hierarchy mounted
+], ids=["v2-max", "v1-minus-one", "v2-no-file", "v1-no-mount"])
+def test_no_quota_leaves_affinity_and_the_host(tmp_path, proc_lines, files):
+    root, proc = hierarchy(tmp_path, proc_lines, files)
+    assert cgroup_cpu_quota(root, proc)[1] is None
+    cores = usable_cores(root, proc)
+    assert cores.quota is None
+    assert cores.count == len(os.sched_getaffinity(0)) <= (os.cpu_count() or 1)
+
+
+def test_no_proc_self_cgroup_is_no_quota(tmp_path):
+    assert cgroup_cpu_quota(tmp_path, tmp_path / "absent") == ("", None)
+
+
+def test_the_fewest_names_the_limit():
+    assert usable_cores().count <= (os.cpu_count() or 1)
+    assert Cores(2, "affinity", 8, 2, None).describe() == "2 of the host's 8 cores (affinity)"
+    assert Cores(1, "cgroup cpu.max", 8, 8, 1.5).describe() == \
+        "1 of the host's 8 cores (cgroup cpu.max: 1.5 cores of quota)"
+    assert Cores(8, "host", 8, 8, None).describe() == "8 cores (the host's)"
+
+
+def _asked(prefix: list[str], env: dict[str, str] | None = None) -> dict:
+    done = subprocess.run([*prefix, sys.executable, "-c", ASK], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to pin to 1 of them")
+
+
+@needs_two_cores
+def test_taskset_is_one_core():
+    if not shutil.which("taskset"):
+        pytest.skip("taskset (util-linux) is not installed")
+    cores = _asked(["taskset", "-c", str(min(os.sched_getaffinity(0)))])
+    assert (cores["count"], cores["limited_by"], cores["affinity"]) == (1, "affinity", 1)
+    assert cores["host"] == os.cpu_count()
+
+
+@pytest.fixture
+def quota_cgroup():
+    """A real cgroup with half a core of quota, on whichever layout holds the cpu controller; its
+    cgroup.procs file, where a process writes itself to enter it. Removed after the test."""
+    if os.geteuid() != 0:
+        pytest.skip("making a cgroup needs root")
+    name = f"distlab-test-{uuid.uuid4().hex[:8]}"
+    v1, unified = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+    controllers = unified / "cgroup.controllers"
+    if (v1 / "cpu.cfs_quota_us").exists():
+        folder, writes = v1 / name, {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "50000"}
+    elif controllers.exists() and "cpu" in controllers.read_text().split():
+        folder, writes = unified / name, {"cpu.max": "50000 100000"}
+    else:
+        pytest.skip("no cgroup hierarchy with the cpu controller is mounted")
+    try:
+        folder.mkdir()
+        for file, value in writes.items():
+            (folder / file).write_text(value)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+        pytest.skip(f"cannot make a cgroup with a quota here: {error}")
+    try:
+        yield folder / "cgroup.procs"
+    finally:
+        folder.rmdir()  # empty again: the test's process has ended
+
+
+def test_a_real_cgroup_quota_is_one_core(quota_cgroup):
+    cores = _asked(["sh", "-c", f'echo $$ > {quota_cgroup} && exec "$@"', "sh"])
+    assert cores["quota"] == 0.5 and cores["count"] == 1
+    if cores["affinity"] > 1:
+        assert cores["limited_by"].startswith("cgroup cpu.")
+
+
+@pytest.mark.integration
+@needs_two_cores
+def test_distlab_run_under_taskset_sizes_threads_and_mpirun_for_one_core(tmp_path):
+    """Red before usable_cores: one rank got the host's 2 cores' worth of threads, and mpirun's 2
+    ranks on the one core got no --oversubscribe and no mpi_yield_when_idle (idle ranks busy-poll
+    the core the working rank needs)."""
+    if not shutil.which("taskset"):
+        pytest.skip("taskset (util-linux) is not installed")
+    distlab = Path(sys.executable).parent / "distlab"
+
+    def dry_run(*argv: str) -> str:
+        done = subprocess.run(["taskset", "-c", str(min(os.sched_getaffinity(0))), str(distlab), "run", *argv,
+                               "--dry-run", "--results", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode == 2 and "is not installed" in done.stderr:
+            pytest.skip(done.stderr.strip())
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "OMP_NUM_THREADS=1 " in dry_run("check", "-n", "1")
+    mpirun = dry_run("check", "-n", "2", "--launcher", "mpirun", "--backend", "mpi")
+    assert "--oversubscribe" in mpirun and "mpi_yield_when_idle 1" in mpirun
+
