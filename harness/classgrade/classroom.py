@@ -39,6 +39,7 @@ from harness.console import console
 from harness.files import write_json
 from harness.usage import UsageError, positive_int, world_size_list
 from harness.verdict import profiles
+from labs.common.host import usable_cores
 
 STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+@-]{0,63}")
 MAX_PROGRAM_BYTES = 1 << 20
@@ -125,7 +126,7 @@ def default_jobs(grade_plan: grade.GradePlan, gpus: int) -> int:
     ranks = max(ws for _, ws in grade_plan.cells())
     if grade_plan.profile.on_gpus:
         return max(1, gpus // ranks)
-    return max(1, (os.cpu_count() or 1) // (ranks * grade_plan.profile.threads_per_rank))
+    return max(1, usable_cores().count // (ranks * grade_plan.profile.threads_per_rank))
 
 
 def gpus_of(slot: int, grade_plan: grade.GradePlan) -> list[int] | None:
