@@ -138,7 +138,8 @@ def main(as_json: bool = False) -> int:
     console.print(versions)
     gpus = found["gpus"]
     cpu = found["cpu"]
-    ours = f" of the host's {cpu['host_cores']} ({cpu['cores_limited_by']})" if cpu["cores_limited_by"] != "host" else ""
+    limited = cpu["cores_limited_by"] != "host"
+    ours = f" of the host's {cpu['host_cores']} ({cpu['cores_limited_by']})" if limited else ""
     console.print(f"CPU: {cpu['model']}, {cpu['cores']} cores{ours}; GPUs: "
                   + (f"{gpus['count']} x {gpus['models'][0]} (driver {gpus['driver']})" if gpus["count"] else "none"))
     console.print("backends: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in found["backends"].items()))
