@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from harness.verdict.profiles import Band, LabExpectation
+from harness.verdict.verdicts import NOT_JUDGED, Sample, evaluate_across, evaluate_cell, speed_not_judged, unjudged
 from labs.common.host import Cores, cgroup_cpu_quota, usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,3 +183,102 @@ def test_distlab_run_under_taskset_sizes_threads_and_mpirun_for_one_core(tmp_pat
     mpirun = dry_run("check", "-n", "2", "--launcher", "mpirun", "--backend", "mpi")
     assert "--oversubscribe" in mpirun and "mpi_yield_when_idle 1" in mpirun
 
+
+# --- No speed verdict where the cores cannot support one (harness/verdict/verdicts.py) ---------------
+
+def cpu(ranks: int, threads: int, cores: int, others: float | None = 0.0, cpus: int | None = None) -> dict:
+    """What run/accounting.py cpu_account writes into run.json for a run."""
+    return {"ranks_here": ranks, "threads_per_rank": threads, "cores": cores, "cores_limited_by": "affinity",
+            "host_cores": 8, "cpus": cpus or cores, "cgroup_quota": None, "others_cores": others}
+
+
+def run_sample(cpu_facts: dict | None, img_per_sec: float = 50.0, reference: float = 100.0) -> Sample:
+    record = {"metrics": {"img_per_sec": img_per_sec, "final_accuracy": 0.95},
+              "checks": {"shards_disjoint": {"passed": True}}}
+    return Sample("run", "ok", None, 10.0, record, reference=reference, cpu=cpu_facts)
+
+
+DDP = LabExpectation("ddp", (1, 2), time_budget_s=60, required_checks=("shards_disjoint",),
+                     accuracy_delta=0.05, efficiency_min={2: 0.5}, reference="train_loop",
+                     bands=(Band("img_per_sec", at_least_ratio={1: 0.6, 2: 0.6}), Band("final_accuracy", min=0.9)))
+
+
+@pytest.mark.parametrize(("facts", "why"), [
+    (cpu(2, 2, 2), "2 rank(s) x 2 thread(s) on 2 core(s)"),  # the sweep's condition 4
+    (cpu(4, 1, 2), "4 rank(s) x 1 thread(s) on 2 core(s)"),  # make grade's ddp at 4 on two cores
+    (cpu(1, 2, 2, others=1.0), "while other processes kept 1.00 of them busy"),  # condition 2: two busy beside
+])
+def test_speed_is_not_judged_where_the_cores_could_not_hold_the_threads(facts, why):
+    # A ratio of 0.5 against a floor of 0.6 would fail: it is neither passed nor failed, and says why.
+    verdicts = {v.check: v for v in evaluate_cell(DDP, 2, [run_sample(facts)], reference=100.0)}
+    speed = verdicts["img_per_sec_ratio"]
+    assert (speed.measured, speed.passed, speed.margin) == (NOT_JUDGED, None, None)
+    assert why in speed.detail and "measured 0.500" in speed.detail
+    # Correctness still counts: the checks, the accuracy band, the time budget.
+    assert verdicts["check:shards_disjoint"].passed and verdicts["final_accuracy"].passed
+    assert verdicts["run"].passed and verdicts["time"].passed
+    failing = run_sample(facts)
+    failing.record["checks"]["shards_disjoint"]["passed"] = False
+    assert not {v.check: v for v in evaluate_cell(DDP, 2, [failing], 100.0)}["check:shards_disjoint"].passed
+    assert list(unjudged(list(verdicts.values()))) == [speed.detail.removeprefix("not judged: ").split("; measured")[0]]
+
+
+@pytest.mark.parametrize("facts", [
+    cpu(2, 1, 2),  # the shipped profiles: one thread per rank, as many ranks as cores
+    cpu(2, 1, 2, others=2.0),  # one thread per rank beside two busy programs: lab and loop slow alike
+    cpu(1, 2, 2, others=0.3),  # a quiet machine's own work
+    cpu(2, 2, 4, others=1.4, cpus=8),  # a quota of 4 on a big host whose other tenants use other CPUs
+    None,  # a run from before the harness counted (the replay fixture's)
+], ids=["one-thread", "one-thread-busy", "quiet", "quota-on-a-big-host", "not-counted"])
+def test_speed_is_judged_where_the_cores_held_the_threads(facts):
+    speed = {v.check: v for v in evaluate_cell(DDP, 2, [run_sample(facts)], reference=100.0)}["img_per_sec_ratio"]
+    assert speed.passed is False and speed.measured == "0.500"  # judged: and 0.5 is under the floor of 0.6
+
+
+def test_efficiency_is_not_judged_where_either_end_was_crowded():
+    base = [run_sample(cpu(1, 1, 2), img_per_sec=100.0)]
+    cells = {1: base, 2: [run_sample(cpu(2, 2, 2), img_per_sec=60.0)]}
+    (accuracy, efficiency) = evaluate_across(DDP, cells)
+    assert accuracy.check == "accuracy_vs_ws1" and accuracy.passed  # correctness across world sizes counts
+    assert efficiency.measured == NOT_JUDGED and efficiency.passed is None and "oversubscribed" in efficiency.detail
+    crowded_base = {1: [run_sample(cpu(1, 2, 2, others=1.2), img_per_sec=100.0)],
+                    2: [run_sample(cpu(2, 1, 2), img_per_sec=60.0)]}
+    assert evaluate_across(DDP, crowded_base)[1].passed is None
+    idle = {1: [run_sample(cpu(1, 1, 2), img_per_sec=100.0)], 2: [run_sample(cpu(2, 1, 2), img_per_sec=60.0)]}
+    assert evaluate_across(DDP, idle)[1].passed is False  # 0.3 < 0.5: judged, and failed
+
+
+@pytest.mark.integration
+def test_a_run_records_its_cores_and_what_others_used_of_them(tmp_path):
+    """A real run under taskset with two threads on one core, and one beside two busy processes on
+    its cores: run.json holds the harness's count and measurement, and the speed is not judged."""
+    if not shutil.which("taskset") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs taskset and 2 CPUs")
+    distlab = str(Path(sys.executable).parent / "distlab")
+    first = min(os.sched_getaffinity(0))
+    done = subprocess.run(["taskset", "-c", str(first), distlab, "run", "check", "-n", "1", "--threads", "2",
+                           "--results", str(tmp_path / "pinned"), "--json"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (run_json,) = (tmp_path / "pinned").glob("check/*/run.json")
+    facts = json.loads(run_json.read_text())["cpu"]
+    assert (facts["ranks_here"], facts["threads_per_rank"], facts["cores"], facts["cores_limited_by"]) == \
+        (1, 2, 1, "affinity")
+    assert json.loads(run_json.read_text())["oversubscribed"] is True
+    assert "oversubscribed its cores" in speed_not_judged([Sample("r", "ok", None, 1.0, None, cpu=facts)])
+
+    pair = sorted(os.sched_getaffinity(0))[:2]
+    busy = [subprocess.Popen(["taskset", "-c", str(n), sys.executable, "-c", "while True: pass"]) for n in pair]
+    try:
+        done = subprocess.run(["taskset", "-c", ",".join(map(str, pair)), distlab, "run", "check", "-n", "1",
+                               "--threads", "2", "--results", str(tmp_path / "busy")], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (run_json,) = (tmp_path / "busy").glob("check/*/run.json")
+    facts = json.loads(run_json.read_text())["cpu"]
+    assert facts["cores"] == 2 and facts["others_cores"] > 0.5, facts  # two busy loops on the run's 2 CPUs
+    assert "other processes kept" in speed_not_judged([Sample("r", "ok", None, 1.0, None, cpu=facts)])

@@ -58,6 +58,57 @@ class Sample:
     # The reference rate this run is paired with (grade.pair_references): the reference run just
     # before it, or the mean of those just before and after it. None: judged against the cell's rate.
     reference: float | None = None
+    cpu: dict[str, Any] | None = None  # the run's CPUs as the harness saw them (run/accounting.py, cpu_account)
+
+
+# Other processes' load a multi-threaded run may have beside it before its speed is not judged: half
+# a core, so that the kernel's and a quiet machine's own work (0.05 to 0.3 cores here) leave it judged.
+OTHERS_TOLERANCE = 0.5
+
+
+def speed_not_judged(samples: list[Sample]) -> str | None:
+    """Why these runs' speed cannot be judged, or None. The harness's own account of each run decides:
+    more ranks x threads than the cores that were ours (affinity, cgroup quota, host), or, with more
+    than one thread per rank, other processes busy on those cores. Measured in the robustness sweep
+    (labs/TRAINING.md): there rates fell 3 to 40 times and the lab and its reference loop did not fall
+    alike (OpenMP's threads spin-wait for a descheduled partner), so a ratio says nothing about the
+    program. One thread per rank beside other programs slows the lab and its loop alike: judged."""
+    def count(value: Any) -> Any:
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
+
+    for sample in samples:
+        cpu = sample.cpu if isinstance(sample.cpu, dict) else {}
+        ranks, threads, cores = (count(cpu.get(key)) for key in ("ranks_here", "threads_per_rank", "cores"))
+        if not (ranks and threads and cores):
+            continue
+        where = f"{cores} core(s) ({cpu.get('cores_limited_by')}, of the host's {cpu.get('host_cores')})"
+        if ranks * threads > cores:
+            return f"{ranks} rank(s) x {threads} thread(s) on {where}: the run oversubscribed its cores"
+        others = count(cpu.get("others_cores"))
+        free = min(cores, (count(cpu.get("cpus")) or cores) - others) if others is not None else cores
+        if threads > 1 and ranks * threads > free + OTHERS_TOLERANCE:
+            return (f"{ranks} rank(s) x {threads} thread(s) on {where} while other processes kept {others:.2f} "
+                    "of them busy: multi-threaded ranks need their cores to themselves")
+    return None
+
+
+NOT_JUDGED = "not judged"
+
+
+def not_judged(verdict: Verdict, why: str) -> Verdict:
+    """A speed row whose conditions cannot support a verdict: neither passed nor failed, and why."""
+    return dataclasses.replace(verdict, measured=NOT_JUDGED, passed=None, margin=None,
+                               detail=f"{NOT_JUDGED}: {why}; measured {verdict.measured} ({verdict.detail})")
+
+
+def unjudged(verdicts: list[Verdict]) -> dict[str, list[str]]:
+    """The speed rows not judged, by reason: what a grade says at its end."""
+    reasons: dict[str, list[str]] = {}
+    for v in verdicts:
+        if v.measured == NOT_JUDGED:
+            why = v.detail.removeprefix(f"{NOT_JUDGED}: ").split("; measured ", 1)[0]
+            reasons.setdefault(why, []).append(f"{v.lab} ws={v.world_size} {v.check}")
+    return reasons
 
 
 def metric(record: dict[str, Any] | None, name: str) -> float | None:
@@ -175,10 +226,13 @@ def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
                             slowest <= exp.time_budget_s, "slowest run's wall time",
                             margin=below(slowest, exp.time_budget_s)))
     ok_samples = [s for s in samples if s.status == "ok"]
+    crowded = speed_not_judged(ok_samples)
     for band in exp.bands:
         if not ok_samples:
             verdicts.append(Verdict(lab, world_size, band.metric, "-", band.describe(world_size), False,
                                     "no successful run to measure"))
+        elif crowded and band.metric == exp.throughput_metric:
+            verdicts.append(not_judged(band_verdict(lab, world_size, band, ok_samples, reference), crowded))
         else:
             verdicts.append(as_lesson(exp, band_verdict(lab, world_size, band, ok_samples, reference)))
     return verdicts
@@ -257,10 +311,11 @@ def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]],
                     loop = scaling_efficiency(references[ws], ws, references[1])  # type: ignore[arg-type]
                     how = f"{how} = {efficiency:.3f}, over its reference's own {loop:.3f} in this grade"
                     efficiency /= loop
-                verdicts.append(as_lesson(exp, Verdict(exp.lab, ws, "efficiency", f"{efficiency:.3f}",
-                                                       f">= {exp.efficiency_min[ws]:g}",
-                                                       efficiency >= exp.efficiency_min[ws], how,
-                                                       margin=above(efficiency, exp.efficiency_min[ws]))))
+                verdict = Verdict(exp.lab, ws, "efficiency", f"{efficiency:.3f}", f">= {exp.efficiency_min[ws]:g}",
+                                  efficiency >= exp.efficiency_min[ws], how,
+                                  margin=above(efficiency, exp.efficiency_min[ws]))
+                crowded = speed_not_judged(ok.get(ws, [])) or speed_not_judged(base_runs)
+                verdicts.append(not_judged(verdict, crowded) if crowded else as_lesson(exp, verdict))
     return verdicts
 
 
