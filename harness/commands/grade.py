@@ -31,7 +31,7 @@ from harness.usage import UsageError
 from harness.verdict import profiles
 from harness.verdict.profiles import LabExpectation, Profile, against_course_lab
 from harness.verdict.references import PROGRAM_PAIRS, REFERENCES, Reference, course_lab
-from harness.verdict.verdicts import Sample, Verdict, grade_verdicts, sample_metric
+from harness.verdict.verdicts import Sample, Verdict, grade_verdicts, sample_metric, unjudged
 
 
 def accuracy_claim_tolerance(test_images: int | None) -> float:
@@ -176,7 +176,7 @@ def show_plan(grade_plan: GradePlan) -> None:
 
 
 def sample_of(result: RunResult) -> Sample:
-    return Sample(str(result.run_dir), result.status, result.reason, result.wall_seconds, result.record)
+    return Sample(str(result.run_dir), result.status, result.reason, result.wall_seconds, result.record, cpu=result.cpu)
 
 
 def timed(result: RunResult, metric_name: str) -> Sample:
@@ -336,6 +336,8 @@ def run(args: argparse.Namespace, execute_cells=execute) -> int:
     failed = summary["failed"]
     console.print(f"{'[red]FAILED[/red]' if failed else '[green]passed[/green]'}: {failed} failed check(s); "
                   f"{summary['runs']} run(s) in {wall:.0f} s, harness overhead {overhead:.3f}")
+    for why, rows in unjudged(verdicts).items():  # a speed neither passed nor failed: say why
+        console.print(f"speed not judged ({', '.join(rows)}): {why}", markup=False)
     console.print(f"report: {paths['html']}  junit: {paths['junit']}", markup=False)
     if getattr(args, "json", False):
         print_json({**summary, "report": {kind: str(path) for kind, path in paths.items()},
