@@ -54,6 +54,29 @@ def test_an_unreachable_endpoint_fails_within_the_stated_timeout(capsys, tmp_pat
     assert "rendezvous endpoint 127.0.0.1:9 not reachable within 2 s" in capsys.readouterr().err
 
 
+def test_a_node_waits_for_node_0_s_name_as_for_its_endpoint(monkeypatch, capsys, tmp_path):
+    """In Kubernetes node 0's name resolves once its pod has an address, possibly after the other
+    nodes start: nodes other than 0 wait for it within --rdzv-timeout; node 0 does not wait."""
+    answers = iter([OSError, OSError, [(None, None, None, "", ("10.0.0.7", 0))]])
+
+    def getaddrinfo(host, *args, **kwargs):
+        answer = next(answers)
+        if answer is OSError:
+            raise multinode.socket.gaierror(-2, "Name or service not known")
+        return answer
+
+    monkeypatch.setattr(multinode.socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(multinode.time, "sleep", lambda s: None)
+    assert multinode.resolve("node0", "rendezvous host", wait_s=60) == "10.0.0.7"
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    started = time.monotonic()
+    code = cli.main(["run", "check", "-n", "2", "--nnodes", "2", "--node-rank", "1",
+                     "--rdzv-endpoint", "no-such-host.invalid:29400", "--rdzv-timeout", "2"])
+    assert code == 2 and time.monotonic() - started < 30
+    assert "rendezvous host 'no-such-host.invalid' does not resolve within 2 s" in capsys.readouterr().err
+
+
 def test_hostfile_parsing(tmp_path):
     path = tmp_path / "hosts"
     path.write_text("# the cluster\nnode0 slots=4\nnode1 slots=4 max_slots=8\n\n")

@@ -118,9 +118,11 @@ def place(request: RunRequest, args: argparse.Namespace) -> None:
         if not args.rdzv_endpoint:
             raise PlacementError("several nodes need --rdzv-endpoint HOST:PORT (node 0's address)")
         host, port = multinode.parse_endpoint(args.rdzv_endpoint)
-        address = multinode.resolve(host, "rendezvous host")
-        if args.node_rank > 0:  # node 0 serves the endpoint; the others must reach it
+        if args.node_rank > 0:  # node 0 serves the endpoint; the others wait for its name, then for it
+            address = multinode.resolve(host, "rendezvous host", wait_s=args.rdzv_timeout)
             multinode.wait_reachable(address, port, args.rdzv_timeout)
+        else:
+            address = multinode.resolve(host, "rendezvous host")
         local_addr = args.local_addr or multinode.local_address_towards(address, port)
         request.placement.update(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
                                  rdzv_id=args.rdzv_id, rdzv_timeout_s=args.rdzv_timeout, local_addr=local_addr)
