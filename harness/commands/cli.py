@@ -233,7 +233,10 @@ def build_parser() -> Parser:
     template.add_argument("--image", help="container image (Slurm: pyxis/enroot; default: none for Slurm)")
     template.add_argument("--port", type=positive_int, default=29400, help="rendezvous/master port")
     template.add_argument("--time", default="00:30:00", help="Slurm time limit")
-    template.add_argument("--cpus-per-task", type=positive_int, default=8, help="CPUs per task/pod")
+    template.add_argument("--cpus-per-task", type=positive_int, default=8, help="CPU nodes: CPUs per task/pod")
+    template.add_argument("--cpus-per-gpu", type=positive_int, default=8, help="GPU nodes: CPUs per GPU (its rank's)")
+    template.add_argument("--results-claim", default="distlab-results",
+                          help="Kubernetes: the PersistentVolumeClaim the results go to (default distlab-results)")
     template.add_argument("--ifname", help="network interface the nodes share (GLOO/NCCL_SOCKET_IFNAME)")
     template.add_argument("--out", type=Path, help="write here (never overwrites) instead of stdout")
     template.set_defaults(func=cmd_template)

@@ -92,7 +92,8 @@ def cmd_template(args: argparse.Namespace, lab_args: list[str]) -> int:
     try:
         shape = job_templates.job_shape(args.name, args.lab, args.nodes, args.gpus_per_node, args.backend,
                                         image=args.image or "", port=args.port, time_limit=args.time,
-                                        cpus_per_task=args.cpus_per_task, ifname=args.ifname or "",
+                                        cpus_per_task=args.cpus_per_task, cpus_per_gpu=args.cpus_per_gpu,
+                                        results_claim=args.results_claim, ifname=args.ifname or "",
                                         lab_args=tuple(lab_args), ranks_per_node=args.ranks_per_node)
         text = job_templates.render(args.name, shape)
     except job_templates.TemplateError as error:
