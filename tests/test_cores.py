@@ -282,3 +282,27 @@ def test_a_run_records_its_cores_and_what_others_used_of_them(tmp_path):
     facts = json.loads(run_json.read_text())["cpu"]
     assert facts["cores"] == 2 and facts["others_cores"] > 0.5, facts  # two busy loops on the run's 2 CPUs
     assert "other processes kept" in speed_not_judged([Sample("r", "ok", None, 1.0, None, cpu=facts)])
+
+
+def test_a_grade_says_which_speed_rows_it_did_not_judge_and_passes_on_correctness(tmp_path, capsys, monkeypatch):
+    """grade.run over runs that oversubscribed their cores: the throughput row is not judged (a ratio
+    of 0.1 against a floor of 0.547 would fail), the grade passes on what it could judge, and its
+    last lines say which row and why."""
+    from harness.commands import cli, grade
+
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+    def execute(grade_plan, done, references):
+        assert grade_plan.cells() == [("baseline", 1)]
+        references["baseline", 1] = [Sample("ref", "ok", None, 1.0, {"metrics": {"img_per_sec": 100.0}})]
+        record = {"metrics": {"img_per_sec": 10.0, "final_accuracy": 0.95}, "checks": {}}
+        done["baseline", 1] = [Sample("lab", "ok", None, 1.0, record, cpu=cpu(1, 2, 1))]
+
+    args = cli.build_parser().parse_args(["grade", "--profile", "cpu-smoke", "--labs", "baseline", "--world-sizes",
+                                          "1", "--results", str(tmp_path)])
+    assert grade.run(args, execute_cells=execute) == 0
+    out = capsys.readouterr().out
+    assert "speed not judged (baseline ws=1 img_per_sec_ratio): 1 rank(s) x 2 thread(s) on 1 core(s)" in out
+    (verdicts,) = tmp_path.glob("grade/*/verdicts.json")
+    speed = next(v for v in json.loads(verdicts.read_text()) if v["check"] == "img_per_sec_ratio")
+    assert (speed["measured"], speed["passed"]) == (NOT_JUDGED, None) and "measured 0.100" in speed["detail"]
