@@ -61,8 +61,10 @@ class Sample:
     cpu: dict[str, Any] | None = None  # the run's CPUs as the harness saw them (run/accounting.py, cpu_account)
 
 
-# Other processes' load a multi-threaded run may have beside it before its speed is not judged: half
-# a core, so that the kernel's and a quiet machine's own work (0.05 to 0.3 cores here) leave it judged.
+# Other processes' load a multi-threaded run may have beside it and still be judged: half a core.
+# Less than one CPU-bound program takes beside it (the scheduler shares the cores fairly: beside 2
+# threads on 2 cores it gets 2/3 of a core, two such programs a core between them), more than the
+# kernel's own work and an idle shell or editor.
 OTHERS_TOLERANCE = 0.5
 
 
