@@ -185,3 +185,20 @@ def test_tagged_output_replaced_by_a_fifo_is_not_read(tmp_path):
     (tmp_path / "logs").mkdir()
     os.mkfifo(tmp_path / "launcher.log")
     assert LAUNCHERS["mpirun"].rank_logs(tmp_path / "logs") == {}
+
+
+@pytest.mark.parametrize(("version", "tag"), [("mpirun (Open MPI) 4.1.4", ["--tag-output"]),
+                                              ("mpirun (Open MPI) 5.0.11", ["--output", "tag"])])
+def test_mpirun_tags_rank_output_in_its_own_open_mpi_s_spelling(tmp_path, version, tag):
+    """Open MPI 4 (Debian's, the CPU image's) refuses --output ("unknown option"), 5 (PyPI's) has
+    no --tag-output: found in the CPU image's MPIJob launcher (tests/test_k8s_operators.py)."""
+    fake = tmp_path / "bin" / "mpirun"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "{version}"\n')
+    fake.chmod(0o755)
+    command = LAUNCHERS["mpirun"].command(LaunchSpec(
+        program=Path("/p.py"), lab_args=[], world_size=2, log_dir=Path("/l"), python=str(fake.parent / "python")))
+    assert command[0] == str(fake)
+    at = command.index(tag[0])
+    assert command[at:at + len(tag)] == tag
+    assert ("--output" in command) is (tag[0] == "--output") and ("--tag-output" in command) is (len(tag) == 1)
