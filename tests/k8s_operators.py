@@ -408,7 +408,7 @@ def run(job: Job, workspace: Path, timeout_s: float = 1200, engine: str = "podma
                 time.sleep(1)
         for pod in job.pods:  # cleanPodPolicy Running: what still runs is stopped, its log kept
             if pod.name in running and pod.name not in ended:
-                podman("stop", "--time", "10", running[pod.name], check=False)
+                podman("stop", "--time", "30", running[pod.name], check=False)  # the default grace period
                 ended[pod.name] = Ended(-1, podman("logs", running[pod.name], check=False).stdout, attempts[pod.name])
     finally:
         podman.remove_all()
