@@ -51,10 +51,6 @@ def job_for(name: str, lab: str, tmp_path: Path, lab_args: tuple[str, ...] = ("-
 
 def ran(job, tmp_path: Path) -> k8s_operators.Outcome:
     outcome = k8s_operators.run(job, tmp_path / "cluster", engine=ENGINE)
-    timing = tmp_path.parent / "k8s-timings.json"  # one file per session: the report's figures
-    times = json.loads(timing.read_text()) if timing.exists() else {}
-    times[f"{job.kind} {job.name}"] = round(outcome.seconds, 1)
-    timing.write_text(json.dumps(times, indent=1))
     print(f"{job.kind} {job.name}: {'succeeded' if outcome.succeeded else 'FAILED'} in {outcome.seconds:.0f} s")
     return outcome
 
