@@ -7,6 +7,7 @@ podman: tests/test_k8s_operators.py."""
 from __future__ import annotations
 
 import copy
+import fnmatch
 import json
 import re
 from pathlib import Path
@@ -198,8 +199,6 @@ def test_the_mpijob_s_workers_run_the_image_s_own_sshd_where_the_key_is_mounted(
     client = (ROOT / "docker/sshd/ssh_config").read_text()
     patterns = re.search(r"^Host (.+)$", client, re.M).group(1).split()
     assert re.search(rf"^\s+Port {port}$", client, re.M)
-    import fnmatch
-
     for line in job.files["mpi-job-config"]["hostfile"][0].splitlines():
         host = line.split()[0]
         assert any(fnmatch.fnmatch(host, pattern) for pattern in patterns), host
