@@ -214,9 +214,9 @@ def test_speed_is_not_judged_where_the_cores_could_not_hold_the_threads(facts, w
     speed = verdicts["img_per_sec_ratio"]
     assert (speed.measured, speed.passed, speed.margin) == (NOT_JUDGED, None, None)
     assert why in speed.detail and "measured 0.500" in speed.detail
-    # Correctness still counts: the checks, the accuracy band, the time budget.
+    # Correctness still counts: the run, the checks, the accuracy band. The time budget is a speed too.
     assert verdicts["check:shards_disjoint"].passed and verdicts["final_accuracy"].passed
-    assert verdicts["run"].passed and verdicts["time"].passed
+    assert verdicts["run"].passed and verdicts["time"].measured == NOT_JUDGED
     failing = run_sample(facts)
     failing.record["checks"]["shards_disjoint"]["passed"] = False
     assert not {v.check: v for v in evaluate_cell(DDP, 2, [failing], 100.0)}["check:shards_disjoint"].passed
@@ -233,6 +233,22 @@ def test_speed_is_not_judged_where_the_cores_could_not_hold_the_threads(facts, w
 def test_speed_is_judged_where_the_cores_held_the_threads(facts):
     speed = {v.check: v for v in evaluate_cell(DDP, 2, [run_sample(facts)], reference=100.0)}["img_per_sec_ratio"]
     assert speed.passed is False and speed.measured == "0.500"  # judged: and 0.5 is under the floor of 0.6
+
+
+def test_the_time_budget_is_a_speed_row_too():
+    """A run over its budget beside two busy programs (the sweep's condition 2, horovod at 2 ranks:
+    337 s against 148 s while the machine's load average rose past 200) is not judged; a run that
+    timed out still fails its run row; over the budget on cores of its own, it fails."""
+    slow = run_sample(cpu(1, 2, 2, others=1.6))
+    slow.wall_seconds = 300.0
+    verdicts = {v.check: v for v in evaluate_cell(DDP, 2, [slow], 100.0)}
+    assert verdicts["time"].passed is None and "300.0 s" in verdicts["time"].detail
+    hung = Sample("run", "failed", "timed out after 296 s: hang suspected", 300.0, None, cpu=cpu(1, 2, 2, others=1.6))
+    verdicts = {v.check: v for v in evaluate_cell(DDP, 2, [hung], 100.0)}
+    assert verdicts["run"].passed is False and verdicts["time"].passed is None
+    alone = run_sample(cpu(1, 2, 2, others=0.1))
+    alone.wall_seconds = 300.0
+    assert {v.check: v for v in evaluate_cell(DDP, 2, [alone], 100.0)}["time"].passed is False
 
 
 def test_efficiency_is_not_judged_where_either_end_was_crowded():
@@ -302,7 +318,8 @@ def test_a_grade_says_which_speed_rows_it_did_not_judge_and_passes_on_correctnes
                                           "1", "--results", str(tmp_path)])
     assert grade.run(args, execute_cells=execute) == 0
     out = capsys.readouterr().out
-    assert "speed not judged (baseline ws=1 img_per_sec_ratio): 1 rank(s) x 2 thread(s) on 1 core(s)" in out
+    assert "speed not judged (baseline ws=1 time, baseline ws=1 img_per_sec_ratio): 1 rank(s) x 2 thread(s) on 1 " \
+           "core(s)" in out
     (verdicts,) = tmp_path.glob("grade/*/verdicts.json")
     speed = next(v for v in json.loads(verdicts.read_text()) if v["check"] == "img_per_sec_ratio")
     assert (speed["measured"], speed["passed"]) == (NOT_JUDGED, None) and "measured 0.100" in speed["detail"]

@@ -224,9 +224,10 @@ def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
                                     not bad, str(detail) if detail else ""))
     verdicts += observed_verdicts(lab, world_size, samples)
     slowest = max(s.wall_seconds for s in samples)
-    verdicts.append(Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s",
-                            slowest <= exp.time_budget_s, "slowest run's wall time",
-                            margin=below(slowest, exp.time_budget_s)))
+    budget = Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s",
+                     slowest <= exp.time_budget_s, "slowest run's wall time", margin=below(slowest, exp.time_budget_s))
+    crowded = speed_not_judged(samples)  # a run that timed out still fails its "run" row
+    verdicts.append(not_judged(budget, crowded) if crowded else budget)
     ok_samples = [s for s in samples if s.status == "ok"]
     crowded = speed_not_judged(ok_samples)
     for band in exp.bands:
