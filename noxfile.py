@@ -371,6 +371,18 @@ def slurm(session: nox.Session) -> None:
 CPU_IMAGE = "distlab:cpu"
 
 
+def _cpu_image(session: nox.Session, timings: dict[str, float]) -> tuple[str, str, dict[str, str]]:
+    """The engine (docker or podman, installed where missing), the base, and the CPU image built from
+    this checkout (layers cached: a rebuild after a change to the project only redoes the last ones)."""
+    engine, base = session.run("docker/engine.sh", external=True, silent=True).split()
+    image = os.environ.get("IMAGE") or CPU_IMAGE
+    env = {"ENGINE": engine, "BASE": base, "IMAGE": image}
+    started = time.monotonic()
+    session.run("docker/build-image.sh", "cpu", external=True, env=env)
+    timings["build"] = time.monotonic() - started
+    return engine, image, env
+
+
 @nox.session(venv_backend="none", default=False)
 def image(session: nox.Session) -> None:
     """Build the CPU image (docker or podman) and run the check and DDP labs in it as its non-root user."""
@@ -381,11 +393,7 @@ def image(session: nox.Session) -> None:
         session.run(*args, external=True, **kwargs)
         timings[step] = time.monotonic() - started
 
-    engine, base = session.run("docker/engine.sh", external=True, silent=True).split()
-    image = os.environ.get("IMAGE") or CPU_IMAGE
-    env = {"ENGINE": engine, "BASE": base, "IMAGE": image}
-    timed("build", "docker/build-image.sh", "cpu", env=env)
-
+    engine, image, env = _cpu_image(session, timings)
     user = session.run(engine, "run", "--rm", image, "id", "-u", external=True, silent=True).strip()
     if user == "0":
         session.error(f"{image} runs as root; its USER must be the unprivileged lab user")
@@ -394,7 +402,7 @@ def image(session: nox.Session) -> None:
                "RESULTS_DIR": os.environ.get("RESULTS_DIR") or str(ROOT / "results" / "container")}
     timed("check", "docker/run-lab.sh", "lab", "check", env=run_env)
     timed("ddp", "docker/run-lab.sh", "lab", "ddp", env={**run_env, "LAB_ARGS": "--smoke"})
-    session.log(f"{engine}, base {base}, user id {user}: "
+    session.log(f"{engine}, base {env['BASE']}, user id {user}: "
                 + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in timings.items()))
 
 
@@ -407,6 +415,20 @@ def gradescope(session: nox.Session) -> None:
     _run_in_env(session, "pytest", "-p", "no:xdist", "tests/test_gradescope.py", *session.posargs,
                 env={"DISTLAB_ENGINE_TESTS": "1", "ENGINE": engine})
     session.log(f"gradescope: {time.monotonic() - started:.0f} s in all; figures in results/gradescope/summary.json")
+
+
+def k8s(session: nox.Session) -> None:
+    """The Kubernetes manifests run with podman as their operators would (PyTorchJob, TrainJob, MPIJob)."""
+    if os.geteuid() != 0:
+        session.error("the operators are played with podman as root; run this session as root")
+    timings: dict[str, float] = {}
+    engine, image, _ = _cpu_image(session, timings)
+    started = time.monotonic()
+    qualified = image if "/" in image.split(":")[0] else f"localhost/{image}"  # podman's name for a local build
+    _run_in_env(session, "pytest", "-p", "no:cacheprovider", "-n", "0", "tests/test_k8s_operators.py",
+                *session.posargs, env={"DISTLAB_ENGINE_TESTS": "1", "ENGINE": engine, "IMAGE": qualified})
+    timings["jobs"] = time.monotonic() - started
+    session.log(f"k8s with {engine}: " + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in timings.items()))
 
 
 @nox.session(venv_backend="none", default=False)

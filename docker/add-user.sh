@@ -18,6 +18,9 @@ if ! getent group "$uid" >/dev/null; then
     groupadd --gid "$uid" distlab
 fi
 useradd --uid "$uid" --gid "$uid" --create-home --shell /bin/bash distlab
+# No password, yet not locked ('!', useradd's default): sshd refuses a locked account even with a
+# key, and MPIJob workers let mpirun in by key (docker/sshd/).
+usermod --password '*' distlab
 
 # /workspace/data and /workspace/results are where `docker/run-lab.sh` mounts the host's data and
 # results folders; they exist in the image so that runs without mounts work too.

@@ -33,7 +33,7 @@ CASES = [
     ("node rank outside the node count",
      "distlab run check -n 2 --nnodes 2 --node-rank 2 --rdzv-endpoint 127.0.0.1:29400", "tests/test_multinode.py"),
     ("rendezvous endpoint that does not resolve",
-     "distlab run check -n 2 --nnodes 2 --node-rank 1 --rdzv-endpoint no-such-host.invalid:29400",
+     "distlab run check -n 2 --nnodes 2 --rdzv-endpoint no-such-host.invalid:29400",
      "tests/test_multinode.py"),
     ("rendezvous endpoint nobody serves",
      "distlab run check -n 2 --nnodes 2 --node-rank 1 --rdzv-endpoint 127.0.0.1:9 --rdzv-timeout 2",

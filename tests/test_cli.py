@@ -1,6 +1,5 @@
 """Bad input to `distlab run`: one line naming the fix, exit code 2, nothing started."""
 
-import os
 import re
 
 import pytest
@@ -10,6 +9,7 @@ from harness.commands import cli
 from harness.commands import run as run_command
 from harness.run import request as requests
 from harness.run.state import RunResult
+from labs.common.host import Cores
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -63,11 +63,11 @@ def test_lab_arguments_after_the_separator_are_passed_untouched():
 
 
 def test_default_launcher_follows_the_backend_and_ranks_share_the_cores(tmp_path, monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(requests, "usable_cores", lambda: Cores(8, "host", 8, 8, None))
     args = cli.build_parser().parse_args(["run", "check", "-n", "2", "--backend", "mpi", "--results", str(tmp_path)])
     request = requests.from_args("check", 2, args, [])
     assert (request.launcher, request.threads) == ("mpirun", 4)  # 8 cores over 2 ranks
-    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(requests, "usable_cores", lambda: Cores(1, "cgroup cpu.max", 8, 8, 1.0))
     assert requests.from_args("check", 2, args, []).threads == 1  # never fewer than one thread a rank
     args = cli.build_parser().parse_args(["run", "check", "-n", "1", "--results", str(tmp_path)])
     assert requests.from_args("check", 1, args, []).launcher == "python"

@@ -7,6 +7,7 @@ import pytest
 
 from harness.run import launchers
 from harness.run.launchers import LAUNCHERS, LaunchSpec
+from labs.common.host import Cores
 
 
 def spec(world_size: int = 2) -> LaunchSpec:
@@ -46,7 +47,7 @@ def test_horovodrun_uses_gloo_on_localhost_slots():
     (0, 2, 2, True, False), (1000, 2, 2, False, False), (0, 2, 4, True, True), (1000, 1, 2, False, True)])
 def test_mpirun_flags_only_when_needed(monkeypatch, euid, cores, world_size, root_flag, oversubscribe):
     monkeypatch.setattr(launchers.os, "geteuid", lambda: euid)
-    monkeypatch.setattr(launchers.os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(launchers, "usable_cores", lambda: Cores(cores, "affinity", 8, cores, None))
     command = LAUNCHERS["mpirun"].command(spec(world_size))
     assert command[command.index("btl") + 1] == "^tcp"  # one host: shared memory, no rank listens on TCP
     assert ("--allow-run-as-root" in command) is root_flag
@@ -184,3 +185,20 @@ def test_tagged_output_replaced_by_a_fifo_is_not_read(tmp_path):
     (tmp_path / "logs").mkdir()
     os.mkfifo(tmp_path / "launcher.log")
     assert LAUNCHERS["mpirun"].rank_logs(tmp_path / "logs") == {}
+
+
+@pytest.mark.parametrize(("version", "tag"), [("mpirun (Open MPI) 4.1.4", ["--tag-output"]),
+                                              ("mpirun (Open MPI) 5.0.11", ["--output", "tag"])])
+def test_mpirun_tags_rank_output_in_its_own_open_mpi_s_spelling(tmp_path, version, tag):
+    """Open MPI 4 (Debian's, the CPU image's) refuses --output ("unknown option"), 5 (PyPI's) has
+    no --tag-output: found in the CPU image's MPIJob launcher (tests/test_k8s_operators.py)."""
+    fake = tmp_path / "bin" / "mpirun"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "{version}"\n')
+    fake.chmod(0o755)
+    command = LAUNCHERS["mpirun"].command(LaunchSpec(
+        program=Path("/p.py"), lab_args=[], world_size=2, log_dir=Path("/l"), python=str(fake.parent / "python")))
+    assert command[0] == str(fake)
+    at = command.index(tag[0])
+    assert command[at:at + len(tag)] == tag
+    assert ("--output" in command) is (tag[0] == "--output") and ("--tag-output" in command) is (len(tag) == 1)

@@ -12,7 +12,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import needs_mpi
 
 from harness.commands import cli
@@ -57,6 +56,29 @@ def test_an_unreachable_endpoint_fails_within_the_stated_timeout(capsys, tmp_pat
     # Within the 2 s asked for plus start-up, never the default 60 s: a bound a slow, busy machine keeps.
     assert time.monotonic() - started < 30
     assert "rendezvous endpoint 127.0.0.1:9 not reachable within 2 s" in capsys.readouterr().err
+
+
+def test_a_node_waits_for_node_0_s_name_as_for_its_endpoint(monkeypatch, capsys, tmp_path):
+    """In Kubernetes node 0's name resolves once its pod has an address, possibly after the other
+    nodes start: nodes other than 0 wait for it within --rdzv-timeout; node 0 does not wait."""
+    answers = iter([OSError, OSError, [(None, None, None, "", ("10.0.0.7", 0))]])
+
+    def getaddrinfo(host, *args, **kwargs):
+        answer = next(answers)
+        if answer is OSError:
+            raise multinode.socket.gaierror(-2, "Name or service not known")
+        return answer
+
+    monkeypatch.setattr(multinode.socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(multinode.time, "sleep", lambda s: None)
+    assert multinode.resolve("node0", "rendezvous host", wait_s=60) == "10.0.0.7"
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    started = time.monotonic()
+    code = cli.main(["run", "check", "-n", "2", "--nnodes", "2", "--node-rank", "1",
+                     "--rdzv-endpoint", "no-such-host.invalid:29400", "--rdzv-timeout", "2"])
+    assert code == 2 and time.monotonic() - started < 30
+    assert "rendezvous host 'no-such-host.invalid' does not resolve within 2 s" in capsys.readouterr().err
 
 
 def test_hostfile_parsing(tmp_path):
@@ -117,26 +139,89 @@ def test_slurm_templates_render_and_pass_shellcheck(name, tmp_path):
     assert done.returncode == 0, done.stdout
 
 
-@pytest.mark.parametrize("name", ["slurm-torchrun", "slurm-mpi"])
-def test_slurm_templates_for_cpu_nodes_ask_for_no_gpu(name, tmp_path):
+def run_job_script(text: str, tmp_path: Path, env: dict[str, str]) -> dict[str, list[str]]:
+    """The rendered job run by bash with scontrol, srun, distlab and python faked: what srun was
+    given, and what reached distlab or python (its argv and OMP_NUM_THREADS)."""
+    script, fake = tmp_path / "job.sh", tmp_path / "bin"
+    script.write_text(text)
+    fake.mkdir(exist_ok=True)
+    seen = tmp_path / "seen"
+    (fake / "scontrol").write_text('#!/bin/bash\nif [[ "$2" == hostnames ]]; then echo n1; else echo NodeName=n1; fi\n')
+    # srun: note its own options, run the rest (bash -c '...' or python ...).
+    (fake / "srun").write_text(f'#!/bin/bash\nwhile [[ "$1" == --* ]]; do echo "$1" >> {seen}.srun; shift; done\n'
+                               'exec "$@"\n')
+    for tool in ("distlab", "python"):
+        (fake / tool).write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" > {seen}.argv\n'
+                                 f'echo "$OMP_NUM_THREADS" > {seen}.threads\n')
+    for tool in fake.iterdir():
+        tool.chmod(0o755)
+    base = {"PATH": f"{fake}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_NUM_NODES": "2",
+            "SLURM_NODEID": "0", "SLURM_JOB_ID": "7", "HOME": str(tmp_path)}
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, env={**base, **env}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    return {part: Path(f"{seen}.{part}").read_text().splitlines() for part in ("srun", "argv", "threads")}
+
+
+@pytest.mark.parametrize(("name", "gpus", "slurm_env", "threads"), [
+    ("slurm-torchrun", 0, {"SLURM_CPUS_ON_NODE": "4"}, "2"),  # one task per node, 2 ranks: 4 CPUs / 2
+    ("slurm-mpi", 0, {"SLURM_CPUS_PER_TASK": "4", "SLURM_CPUS_ON_NODE": "8"}, "4"),  # one task per rank
+    ("slurm-torchrun", 8, {"SLURM_CPUS_ON_NODE": "96"}, "12"),  # --cpus-per-gpu=12 x 8 GPUs, 8 ranks
+    ("slurm-mpi", 8, {"SLURM_CPUS_PER_GPU": "12", "SLURM_CPUS_ON_NODE": "96"}, "12"),
+    ("slurm-mpi", 8, {"SLURM_CPUS_PER_TASK": "6", "SLURM_CPUS_ON_NODE": "48"}, "6"),  # the fallback line
+], ids=["torchrun-cpu", "mpi-cpu", "torchrun-gpu", "mpi-gpu", "mpi-gpu-cpus-per-task"])
+def test_slurm_jobs_ask_for_cpus_per_gpu_and_give_each_rank_the_cpus_slurm_gave(name, gpus, slurm_env, threads,
+                                                                                tmp_path):
+    """--cpus-per-task=8 for 8 GPU ranks in one task gave each rank one CPU: GPU jobs ask per GPU,
+    with the line for clusters without --cpus-per-gpu beside it; each rank's threads are counted
+    in the job from what Slurm gave, whichever line asked for it."""
     lab = "horovod" if name == "slurm-mpi" else "ddp"
-    shape = job_templates.JobShape(lab, nodes=2, gpus_per_node=0, ranks_per_node=2, cpus_per_task=4,
-                               backend=job_templates.default_backend(name, lab, 0))
+    shape = job_templates.JobShape(lab, nodes=2, gpus_per_node=gpus, ranks_per_node=0 if gpus else 2, cpus_per_task=4,
+                                   cpus_per_gpu=12, backend=job_templates.default_backend(name, lab, gpus))
     text = job_templates.render(name, shape)
     directives = [line for line in text.splitlines() if line.startswith("#SBATCH")]
-    assert not any("gpu" in line for line in directives), directives
-    if name == "slurm-torchrun":  # one task per node holds both ranks' CPUs: 4 / 2 threads each
-        assert shape.backend == "gloo" and "--world-size 4" in text and "--threads 2" in text
-        assert "export OMP_NUM_THREADS=2" in text
-    else:  # one task per rank, each with its own 4 CPUs
-        assert shape.backend == "horovod" and "#SBATCH --ntasks-per-node=2" in text
-        assert "export OMP_NUM_THREADS=4" in text
-    script = tmp_path / f"{name}.sh"
-    script.write_text(text)
+    if gpus:
+        assert f"#SBATCH --gpus-per-node={gpus}" in directives and "#SBATCH --cpus-per-gpu=12" in directives
+        fallback = 12 * (1 if name == "slurm-mpi" else gpus)
+        assert f"# #SBATCH --cpus-per-task={fallback}" in text.splitlines()  # commented: sbatch reads it not
+        assert not any("--cpus-per-task" in line for line in directives)
+    else:
+        assert not any("gpu" in line for line in directives), directives
+        assert "#SBATCH --cpus-per-task=4" in directives
+    seen = run_job_script(text, tmp_path, slurm_env)
+    assert seen["threads"] == [threads]
+    if name == "slurm-torchrun":
+        assert seen["argv"][seen["argv"].index("--threads") + 1] == threads
+    assert "--kill-on-bad-exit=1" in seen["srun"]  # one failed node or rank ends the job's other tasks
     shellcheck = find_tool("shellcheck")
     if shellcheck:
+        script = tmp_path / "job.sh"
         done = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
         assert done.returncode == 0, done.stdout
+
+
+@pytest.mark.parametrize("name", ["slurm-torchrun", "slurm-mpi"])
+def test_pyxis_runs_the_image_s_labs_in_its_working_directory_with_results_mounted(name, tmp_path):
+    """The image keeps the labs in /opt/distlab/src and works in /workspace (docker/Dockerfile.*):
+    under pyxis the program is the image's copy, the working directory the image's, and ./results
+    is mounted where the job writes them."""
+    lab = "horovod" if name == "slurm-mpi" else "ddp"
+    shape = job_templates.JobShape(lab, nodes=2, gpus_per_node=1, backend=job_templates.default_backend(name, lab, 1),
+                                   image="nvcr.io#distlab/gpu")
+    seen = run_job_script(job_templates.render(name, shape), tmp_path, {"SLURM_CPUS_ON_NODE": "8"})
+    assert "--container-image=nvcr.io#distlab/gpu" in seen["srun"]
+    assert f"--container-mounts={tmp_path}/results:/workspace/results" in seen["srun"]
+    assert "--container-workdir=/workspace" in seen["srun"]
+    for dockerfile in ("docker/Dockerfile.cpu", "docker/Dockerfile.gpu"):
+        text = (Path(__file__).resolve().parent.parent / dockerfile).read_text()
+        assert "COPY labs /opt/distlab/src/labs" in text and text.rstrip().splitlines()[-2] == "WORKDIR /workspace"
+    if name == "slurm-mpi":  # python runs the image's copy of the lab; the record goes under the mount
+        program = seen["argv"][0]
+        assert program == "/opt/distlab/src/labs/horovod/train.py"
+        assert (Path(__file__).resolve().parent.parent / program.removeprefix("/opt/distlab/src/")).is_file()
+        assert seen["argv"][seen["argv"].index("--record") + 1] == "results/slurm-7/record.json"
+    else:  # distlab run finds the labs itself; its results under the mount
+        assert seen["argv"][seen["argv"].index("--results") + 1] == "results/slurm-7/node0"
 
 
 @pytest.mark.parametrize(("argv", "backend"), [(["slurm-torchrun", "--gpus-per-node", "8"], "nccl"),
@@ -152,7 +237,6 @@ def test_the_template_backend_follows_the_nodes(argv, backend, capsys):
     (["slurm-torchrun", "--gpus-per-node", "0", "--backend", "nccl"], "--backend nccl needs GPUs"),
     (["slurm-mpi", "--lab", "ddp", "--gpus-per-node", "0", "--backend", "nccl"], "--backend nccl needs GPUs"),
     (["slurm-torchrun", "--gpus-per-node", "2", "--ranks-per-node", "4", "--backend", "nccl"], "a GPU per rank"),
-    (["k8s-pytorchjob", "--gpus-per-node", "0"], "give --gpus-per-node N"),
     (["k8s-mpijob", "--lab", "horovod", "--gpus-per-node", "4", "--ranks-per-node", "2"], "one rank per GPU"),
     (["slurm-torchrun", "--gpus-per-node", "-1"], "-1 is less than 0"),
 ])
@@ -187,28 +271,6 @@ def test_the_rendezvous_is_the_first_node_s_slurm_address(tmp_path):
         assert done.returncode == 0, done.stderr
         argv = argv_file.read_text().splitlines()
         assert argv[argv.index("--rdzv-endpoint") + 1] == endpoint
-
-
-@pytest.mark.parametrize(("name", "kind", "replicas_key"), [("k8s-pytorchjob", "PyTorchJob", "pytorchReplicaSpecs"),
-                                                            ("k8s-mpijob", "MPIJob", "mpiReplicaSpecs")])
-def test_kubernetes_manifests_have_what_the_operators_require(name, kind, replicas_key):
-    shape = job_templates.JobShape("horovod" if kind == "MPIJob" else "ddp", nodes=2, gpus_per_node=4,
-                               backend="horovod" if kind == "MPIJob" else "nccl", image="registry/distlab:gpu")
-    manifest = yaml.safe_load(job_templates.render(name, shape))
-    assert manifest["apiVersion"].startswith("kubeflow.org/") and manifest["kind"] == kind
-    specs = manifest["spec"][replicas_key]
-    assert specs["Worker"]["replicas"] == 2
-    for role in specs.values():
-        pod = role["template"]["spec"]
-        container = pod["containers"][0]
-        assert container["image"] == "registry/distlab:gpu"
-        assert container["resources"]["limits"]
-    worker = specs["Worker"]["template"]["spec"]
-    assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4
-    assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in worker["volumes"])  # /dev/shm
-    if kind == "PyTorchJob":  # elastic restarts need a fresh store per attempt
-        env = {item["name"]: item["value"] for item in worker["containers"][0]["env"]}
-        assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
 # --- two hosts on one machine -------------------------------------------------------------

@@ -47,7 +47,7 @@ from harness.run.launchers import find_tool
 from harness.run.request import RunRequest
 from harness.run.runner import run_lab
 from harness.usage import UsageError
-from labs.common.host import gpu_count
+from labs.common.host import gpu_count, usable_cores
 from labs.common.sizes import parse_size
 
 TARGET = 0.95
@@ -163,7 +163,7 @@ def save(results: list[dict], sizes: list[int], args: argparse.Namespace) -> Non
         write_json(args.out, {
             "target": args.target, "world_size": args.world_size, "sizes": sizes, "iters": args.iters,
             "warmup_iters": args.warmup_iters, "pairs": args.pairs, "warmup_pairs": args.warmup_pairs,
-            "load_average": os.getloadavg(), "cores": os.cpu_count(), "results": results})
+            "load_average": os.getloadavg(), "cores": usable_cores().count, "results": results})
 
 
 def _launch(library: Library, lab: str, program: Path, lab_args: list[str], world_size: int,
@@ -260,6 +260,6 @@ def print_results(results: list[dict], args: argparse.Namespace) -> None:
         if "rows" in result:
             console.print(f"{result['library']}: allreduce_bench {result['mode']} under {result['launcher']} "
                           f"vs {result['reference']}")
-    console.print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores: the wider the quartiles, "
+    console.print(f"load average {os.getloadavg()[0]:.2f} on {usable_cores().count} cores: the wider the quartiles, "
                   "the less the machine let the two sides be compared")
 

@@ -23,7 +23,6 @@ says the machine was too busy for the ratios to be trusted.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -35,6 +34,7 @@ from harness.run.request import RunRequest
 from harness.run.runner import run_lab
 from harness.usage import UsageError
 from harness.verdict.references import REFERENCES
+from labs.common.host import usable_cores
 
 NOISY_SPREAD = 1.10  # max/min of one kind's rounds above which the machine was too busy to trust the ratios
 TIMING_WARMUP_STEPS = 3  # as the labs: labs/common/timing.py leaves the first 3 steps out of img_per_sec
@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="autocast precision (default: bf16 on GPU, fp32 on CPU)")
     parser.add_argument("--batch-size", type=int, default=128, help="images per step")
     parser.add_argument("--steps", type=int, default=16, help="training steps per measurement (first 3 untimed)")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="OMP_NUM_THREADS of every process")
+    parser.add_argument("--threads", type=int, default=usable_cores().count, help="OMP_NUM_THREADS of every process")
     parser.add_argument("--repeats", type=int, default=5, help="rounds; the best of each kind counts")
     parser.add_argument("--json", type=Path, help="also write the measurements and ratios here")
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.files import write_json
+from labs.common.host import usable_cores
 
 STUDENT = "student"  # the class of one's only id
 DEADLINE_MARGIN_S = 45.0  # kept from Gradescope's timeout: stopping the grade and writing results.json
@@ -68,19 +69,11 @@ def _cgroup_file(controller: str, name: str) -> Path | None:
 
 
 def container_cpus() -> float:
-    """CPUs this container may use: its CPU quota (cgroup v2 cpu.max, v1 cfs quota / period), within
-    the CPUs it may run on (affinity). Gradescope's default is half a CPU."""
-    cpus = float(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else float(os.cpu_count() or 1)
-    quota = _read(_cgroup_file("", "cpu.max") or Path("/nonexistent"))
-    if quota and quota.split()[0] != "max":
-        limit, period = quota.split()
-        cpus = min(cpus, int(limit) / int(period))
-    else:
-        v1_quota = _read(_cgroup_file("cpu", "cpu.cfs_quota_us") or Path("/nonexistent"))
-        v1_period = _read(_cgroup_file("cpu", "cpu.cfs_period_us") or Path("/nonexistent"))
-        if v1_quota and v1_period and int(v1_quota) > 0:
-            cpus = min(cpus, int(v1_quota) / int(v1_period))
-    return cpus
+    """CPUs this container may use, fractions kept (Gradescope's default is half a CPU): its cgroup's
+    CPU quota within the CPUs it may run on, as labs/common/host.usable_cores finds them."""
+    cores = usable_cores(CGROUP, PROC_CGROUP)
+    cpus = float(cores.affinity or cores.host)
+    return min(cpus, cores.quota) if cores.quota is not None else cpus
 
 
 def container_memory() -> int | None:

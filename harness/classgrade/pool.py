@@ -16,6 +16,7 @@ from pathlib import Path
 from harness.catalog import REPO
 from harness.classgrade import sandbox
 from harness.grading.plan import GradePlan
+from labs.common.host import usable_cores
 
 STOP_GRACE_S = 60.0  # a job told to stop (SIGTERM) ends its run and its processes within this
 
@@ -24,7 +25,7 @@ def default_jobs(grade_plan: GradePlan, gpus: int) -> int:
     ranks = max(ws for _, ws in grade_plan.cells())
     if grade_plan.profile.on_gpus:
         return max(1, gpus // ranks)
-    return max(1, (os.cpu_count() or 1) // (ranks * grade_plan.profile.threads_per_rank))
+    return max(1, usable_cores().count // (ranks * grade_plan.profile.threads_per_rank))
 
 
 def gpus_of(slot: int, grade_plan: GradePlan) -> list[int] | None:

@@ -23,7 +23,6 @@ import datetime as dt
 import difflib
 import html
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from harness.run.request import build_request
 from harness.run.run_dir import new_run_dir
 from harness.run.runner import run_lab
 from harness.usage import UsageError, absolute_path, positive_float, positive_int, world_size_list
-from labs.common.host import REPO
+from labs.common.host import REPO, usable_cores
 
 SCHEMA = "distlab-compare"
 PROGRAMS = REPO / "labs" / "deepspeed" / "compare"
@@ -231,7 +230,7 @@ def plan_runs(args: argparse.Namespace) -> list[tuple[Tool, int]]:
     unknown = [n for n in names if n not in TOOLS]
     if unknown or not names:
         raise UsageError(f"unknown tool {unknown[0] if unknown else args.tools!r}; choose from: {', '.join(TOOLS)}")
-    cores = os.cpu_count() or 1
+    cores = usable_cores().count
     too_many = [ws for ws in args.world_sizes if ws * args.threads > 4 * cores]
     if too_many:
         raise UsageError(f"world size {too_many[0]} x {args.threads} thread(s) is over 4x this host's {cores} cores; "
@@ -291,7 +290,7 @@ def summarize(runs: list[dict[str, Any]], failure: str | None, args: argparse.Na
         "schema": SCHEMA, "schema_version": 1, "status": "failed" if failure else "ok", "reason": failure,
         "backend": ", ".join(sorted({r["provenance"].get("backend", "-") for r in runs} - {"none"})) or "-",
         "threads_per_rank": args.threads,
-        "cpu": hardware.get("cpu_model", "-"), "cores": hardware.get("cores", os.cpu_count()),
+        "cpu": hardware.get("cpu_model", "-"), "cores": hardware.get("cores", usable_cores().count),
         "parameters": first["metrics"].get("parameters", 0), "global_batch": first["metrics"].get("global_batch", 0),
         "steps": first["metrics"].get("steps", 0), "warmup_steps": 2, "start": start, "seconds": seconds,
         "complexity": complexity, "runs": runs, "rows": table_rows(runs),

@@ -42,7 +42,10 @@ def main(as_json: bool = False) -> int:
     versions.add_row("horovod controllers", ", ".join(found["horovod_build"].get("controllers", [])) or "-")
     console.print(versions)
     gpus = found["gpus"]
-    console.print(f"CPU: {found['cpu']['model']}, {found['cpu']['cores']} cores; GPUs: "
+    cpu = found["cpu"]
+    limited = cpu["cores_limited_by"] != "host"
+    ours = f" of the host's {cpu['host_cores']} ({cpu['cores_limited_by']})" if limited else ""
+    console.print(f"CPU: {cpu['model']}, {cpu['cores']} cores{ours}; GPUs: "
                   + (f"{gpus['count']} x {gpus['models'][0]} (driver {gpus['driver']})" if gpus["count"] else "none"))
     console.print("backends: " + ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in found["backends"].items()))
     labs = Table(title="runnable here")

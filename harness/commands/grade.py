@@ -23,6 +23,7 @@ from harness.grading.plan import GradePlan
 from harness.report import pages
 from harness.run.launch import dry_run
 from harness.run.run_dir import new_run_dir
+from harness.verdict.verdicts import unjudged
 
 EXAMPLES = """examples:
   distlab grade                                    # the profile that fits this host
@@ -69,6 +70,8 @@ def report(grade: Grade, as_json: bool = False) -> int:
     paths = pages.write_report(report_dir, summary, grade.verdicts, grade.done,
                                {row: exp.single_device for row, exp in profile.labs.items() if exp.single_device})
     console.print(pages.verdict_table(grade.verdicts, f"distlab grade: {profile.name}"))
+    for why, rows in unjudged(grade.verdicts).items():  # a speed neither passed nor failed: say why
+        console.print(f"speed not judged ({', '.join(rows)}): {why}", markup=False)
     pages.append_step_summary(paths["markdown"])
     console.print(f"{'[red]FAILED[/red]' if grade.failed else '[green]passed[/green]'}: {grade.failed} failed "
                   f"check(s); {grade.runs} run(s) in {grade.wall_seconds:.0f} s, harness overhead {grade.overhead:.3f}")

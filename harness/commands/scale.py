@@ -38,7 +38,7 @@ from harness.run.run_dir import new_run_dir
 from harness.run.runner import run_lab
 from harness.usage import UsageError, absolute_path, positive_float, positive_int, world_size_list
 from harness.verdict.stats import Interval, efficiency, fit_amdahl, mean_ci, speedup
-from labs.common.host import gpu_count
+from labs.common.host import gpu_count, usable_cores
 
 LAB = "scaling"
 MAX_OVERSUBSCRIPTION = 4  # ranks x threads beyond this many times the cores measure the scheduler, not scaling
@@ -200,7 +200,7 @@ def plan_study(args: argparse.Namespace, lab_args: list[str]) -> Plan:
         backend = args.backend or backend_for(LABS[LAB], 1, gpus)[0]
     world_sizes = args.world_sizes
     batches = rank_batches(args.mode, world_sizes, args.batch, args.global_batch)
-    cores = os.cpu_count() or 1
+    cores = usable_cores().count
     # Horovod's lab, like nccl, takes one GPU per rank whenever GPUs are visible.
     check_capacity(world_sizes, args.threads, cores, gpus, on_gpu=bool(gpus) and backend in ("nccl", "horovod"))
     requests = {}

@@ -30,7 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image", help="container image (Slurm: pyxis/enroot; default: none for Slurm)")
     parser.add_argument("--port", type=positive_int, default=29400, help="rendezvous/master port")
     parser.add_argument("--time", default="00:30:00", help="Slurm time limit")
-    parser.add_argument("--cpus-per-task", type=positive_int, default=8, help="CPUs per task/pod")
+    parser.add_argument("--cpus-per-task", type=positive_int, default=8, help="CPU nodes: CPUs per task/pod")
+    parser.add_argument("--cpus-per-gpu", type=positive_int, default=8, help="GPU nodes: CPUs per GPU (its rank's)")
+    parser.add_argument("--results-claim", default="distlab-results",
+                        help="Kubernetes: the PersistentVolumeClaim the results go to (default distlab-results)")
     parser.add_argument("--ifname", help="network interface the nodes share (GLOO/NCCL_SOCKET_IFNAME)")
     parser.add_argument("--out", type=Path, help="write here (never overwrites) instead of stdout")
 
@@ -39,7 +42,8 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     try:
         shape = job_templates.job_shape(args.name, args.lab, args.nodes, args.gpus_per_node, args.backend,
                                         image=args.image or "", port=args.port, time_limit=args.time,
-                                        cpus_per_task=args.cpus_per_task, ifname=args.ifname or "",
+                                        cpus_per_task=args.cpus_per_task, cpus_per_gpu=args.cpus_per_gpu,
+                                        results_claim=args.results_claim, ifname=args.ifname or "",
                                         lab_args=tuple(lab_args), ranks_per_node=args.ranks_per_node)
         text = job_templates.render(args.name, shape)
     except job_templates.TemplateError as error:

@@ -46,7 +46,8 @@ def tampers_with_the_grader(untrusted: list[str]) -> list[str]:
 
 
 def sample_of(result: RunResult) -> Sample:
-    sample = Sample(str(result.run_dir), result.status, result.reason, result.wall_seconds, result.record)
+    sample = Sample(str(result.run_dir), result.status, result.reason, result.wall_seconds, result.record,
+                    cpu=result.cpu)
     sample.untrusted = inspect_run_dir(result.run_dir) if result.run_dir.is_dir() else []
     return sample
 

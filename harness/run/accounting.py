@@ -25,6 +25,7 @@ from harness.run.request import RunRequest
 from harness.run.run_dir import OBSERVE_DIR
 from harness.run.state import Outcome, PreparedRun, RunResult
 from labs.common.contract import Record
+from labs.common.host import usable_cores
 from labs.common.topology import Topology
 
 
@@ -97,7 +98,8 @@ def account(run: PreparedRun, outcome: Outcome) -> RunResult:
                        None if status == "ok" else printable(str(final_reason)), record, failure, outcome.wall,
                        outcome.timed_out, outcome.stopped_by is not None,
                        hang_suspected=outcome.timed_out or bool(hang),
-                       stopped_by=signal_name(outcome.stopped_by) if outcome.stopped_by is not None else None)
+                       stopped_by=signal_name(outcome.stopped_by) if outcome.stopped_by is not None else None,
+                       cpu=cpu_account(request, outcome))
     release_reserve(run)
     if rewrite:
         write_record(run, outcome, record)
@@ -162,6 +164,23 @@ def release_reserve(run: PreparedRun) -> None:
         run.reserve.unlink()
 
 
+def cpu_account(request: RunRequest, outcome: Outcome) -> dict[str, Any]:
+    """The CPUs of the run as the harness saw them: its ranks on this machine (None where mpirun or
+    horovodrun place them on other hosts), threads per rank, the cores that were ours (usable_cores:
+    affinity, cgroup quota, host) and the cores other processes kept busy meanwhile (measured). The
+    verdicts decide from it whether a speed can be judged (verdict/verdicts.py, speed_not_judged)."""
+    placement = request.placement
+    if placement.get("hosts") or placement.get("hostfile"):
+        ranks_here = None
+    else:
+        ranks_here = request.world_size // max(1, placement.get("nnodes", 1))
+    cores = usable_cores()
+    return {"ranks_here": ranks_here, "threads_per_rank": request.threads, "cores": cores.count,
+            "cores_limited_by": cores.limited_by, "host_cores": cores.host, "cpus": cores.affinity,
+            "cgroup_quota": cores.quota,
+            "others_cores": None if outcome.others_cores is None else round(outcome.others_cores, 3)}
+
+
 def write_run_json(run: PreparedRun, outcome: Outcome, result: RunResult, rank_logs: dict[int, Path],
                     record_error: str | None) -> None:
     request = run.request
@@ -170,7 +189,9 @@ def write_run_json(run: PreparedRun, outcome: Outcome, result: RunResult, rank_l
         "launcher": request.launcher, "backend": request.backend, "backend_reason": request.backend_reason,
         "threads_per_rank": request.threads,
         "observe_dir": OBSERVE_DIR if request.observe else None,
-        "oversubscribed": request.world_size * request.threads > (os.cpu_count() or 1),
+        "oversubscribed": bool(result.cpu and result.cpu["ranks_here"]
+                               and result.cpu["ranks_here"] * request.threads > result.cpu["cores"]),
+        "cpu": result.cpu,
         "command": run.command, "returncode": result.returncode, "status": result.status, "reason": result.reason,
         "failure": asdict(result.failure) if result.failure else None, "timed_out": outcome.timed_out,
         "interrupted": result.interrupted, "stopped_by": result.stopped_by,

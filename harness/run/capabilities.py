@@ -7,7 +7,6 @@ broken Horovod build can abort the interpreter that loads it.
 
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 import sys
@@ -67,7 +66,7 @@ def facts() -> dict[str, Any]:
         "horovod": "PyTorch" in horovod.get("frameworks", []),
     }
     launchers = {name: find_tool(name) for name in LAUNCHERS}
-    cores = os.cpu_count() or 1
+    cores = host.usable_cores()
     runnable = {}
     for lab in LABS.values():
         usable = []
@@ -77,7 +76,7 @@ def facts() -> dict[str, Any]:
             # labs/deepspeed needs DeepSpeed (the `deepspeed` extra, which `make setup` installs).
             needs_deepspeed = lab.name == "deepspeed" and not _version("deepspeed")
             if ok_backend and found and lab.path.exists() and not needs_deepspeed:
-                limit = lab.max_world_size or (gpus if backend == "nccl" else cores)
+                limit = lab.max_world_size or (gpus if backend == "nccl" else cores.count)
                 usable.append({"backend": backend, "launchers": found, "world_sizes_without_oversubscribing":
                                f"1..{limit}"})
         runnable[lab.name] = usable
@@ -91,7 +90,8 @@ def facts() -> dict[str, Any]:
         "horovod_build": horovod,
         "backends": backends,
         "gpus": gpu_facts,
-        "cpu": {"model": host.cpu_model(), "cores": cores},
+        "cpu": {"model": host.cpu_model(), "cores": cores.count, "cores_limited_by": cores.limited_by,
+                "host_cores": cores.host},
         "launchers": launchers,
         "labs": runnable,
     }

@@ -8,16 +8,20 @@ user would type them (see `command.txt` in every run directory).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shutil
 import signal
 import stat
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from labs.common.host import usable_cores
 
 
 @dataclass(frozen=True)
@@ -120,11 +124,23 @@ def horovodrun_command(spec: LaunchSpec) -> list[str]:
             spec.python, str(spec.program), *spec.lab_args]
 
 
+@functools.lru_cache(maxsize=8)
+def open_mpi_major(mpirun: str) -> int | None:
+    """The major version of the Open MPI an mpirun belongs to ("mpirun (Open MPI) 4.1.4"), None if
+    it says none: Open MPI 5 (PyPI's wheel) and 4 (Debian bookworm's, the CPU image's) spell some
+    options differently."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
+        found = re.search(r"\(Open MPI\) (\d+)\.", out)
+        return int(found.group(1)) if found else None
+    return None
+
+
 def mpirun_command(spec: LaunchSpec) -> list[str]:
     command = [_tool(spec, "mpirun")]
     if _is_root():
         command.append("--allow-run-as-root")  # Open MPI refuses root unless told; only then
-    if spec.world_size > (os.cpu_count() or 1) and not spec.multinode:
+    if spec.world_size > usable_cores().count and not spec.multinode:
         # More ranks than cores: allowed, and run.json says so. Across hosts, slots decide.
         # Idle ranks must yield the core: Open MPI's busy polling otherwise starves the rank
         # that has work (seen here: 4 ranks on 2 cores ran many times slower).
@@ -132,8 +148,10 @@ def mpirun_command(spec: LaunchSpec) -> list[str]:
     # --bind-to none: Open MPI binds each rank to one core by default, which would pin all
     # of a rank's OMP threads to that core and make thread counts above 1 meaningless.
     # --output tag: each line carries its rank ([job,rank]<stdout>:), so the console stays
-    # live and the harness can still split the output into one log per rank.
-    command += ["--bind-to", "none", "-np", str(spec.world_size), "--output", "tag"]
+    # live and the harness can still split the output into one log per rank. Open MPI 4 calls it
+    # --tag-output, and refuses --output ("unknown option").
+    tag = ["--tag-output"] if open_mpi_major(command[0]) == 4 else ["--output", "tag"]
+    command += ["--bind-to", "none", "-np", str(spec.world_size), *tag]
     if spec.hostfile:
         command += ["--hostfile", str(spec.hostfile)]
     elif spec.hosts:

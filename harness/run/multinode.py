@@ -36,12 +36,19 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def resolve(host: str, what: str) -> str:
-    try:
-        return socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0]
-    except socket.gaierror as error:
-        raise PlacementError(f"{what} {host!r} does not resolve ({error.strerror}); check the name in DNS or "
-                             "/etc/hosts on every node, or give an IP address") from None
+def resolve(host: str, what: str, wait_s: float = 0.0) -> str:
+    """The host's address; with wait_s, retried until then: in a cluster a node's name may resolve only
+    once its pod is up (Kubernetes publishes a pod's DNS name when the pod gets its address)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0]
+        except socket.gaierror as error:
+            if time.monotonic() >= deadline:
+                within = f" within {wait_s:g} s" if wait_s else ""
+                raise PlacementError(f"{what} {host!r} does not resolve{within} ({error.strerror}); check the name "
+                                     "in DNS or /etc/hosts on every node, or give an IP address") from None
+        time.sleep(0.5)
 
 
 def wait_reachable(host: str, port: int, timeout_s: float) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
-import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from harness.run.launchers import LAUNCHERS, find_tool, refused_lab_arg
 from harness.run.multinode import PlacementError
 from harness.run.run_dir import check_safe_name
 from harness.usage import UsageError
-from labs.common.host import gpu_count
+from labs.common.host import gpu_count, usable_cores
 
 
 @dataclass
@@ -82,7 +81,7 @@ _OWNED_WHY = {"--record": "the record is written into the run directory",
 
 def default_threads(world_size: int) -> int:
     """Cores shared evenly between ranks, at least one each."""
-    return max(1, (os.cpu_count() or 1) // world_size)
+    return max(1, usable_cores().count // world_size)
 
 
 def from_args(lab_name: str, world_size: int, args: argparse.Namespace, lab_args: list[str]) -> RunRequest:
@@ -119,9 +118,11 @@ def place(request: RunRequest, args: argparse.Namespace) -> None:
         if not args.rdzv_endpoint:
             raise PlacementError("several nodes need --rdzv-endpoint HOST:PORT (node 0's address)")
         host, port = multinode.parse_endpoint(args.rdzv_endpoint)
-        address = multinode.resolve(host, "rendezvous host")
-        if args.node_rank > 0:  # node 0 serves the endpoint; the others must reach it
+        if args.node_rank > 0:  # node 0 serves the endpoint; the others wait for its name, then for it
+            address = multinode.resolve(host, "rendezvous host", wait_s=args.rdzv_timeout)
             multinode.wait_reachable(address, port, args.rdzv_timeout)
+        else:
+            address = multinode.resolve(host, "rendezvous host")
         local_addr = args.local_addr or multinode.local_address_towards(address, port)
         request.placement.update(nnodes=args.nnodes, node_rank=args.node_rank, rdzv_endpoint=args.rdzv_endpoint,
                                  rdzv_id=args.rdzv_id, rdzv_timeout_s=args.rdzv_timeout, local_addr=local_addr)

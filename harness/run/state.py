@@ -24,6 +24,9 @@ class RunResult:
     interrupted: bool = False
     hang_suspected: bool = False  # the watchdog fired, or a backend's collective timeout did
     stopped_by: str | None = None  # the signal that stopped the run: SIGINT, SIGTERM, SIGHUP
+    # The CPUs the run had, as the harness counted and measured them (accounting.cpu_account):
+    # ranks and threads here, the cores that were ours, and what other processes used of them.
+    cpu: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -58,3 +61,4 @@ class Outcome:
     stopped_by: int | None = None
     launcher_pid: int | None = None
     errors: list[str] = field(default_factory=list)  # the harness's own trouble: lost output, a crash
+    others_cores: float | None = None  # the cores other processes kept busy meanwhile (cpu_time.py)

@@ -16,6 +16,7 @@ from typing import IO
 import psutil
 
 from harness.files import write_bytes
+from harness.run import cpu_time
 from harness.run.output import OutputPump
 from harness.run.processes import RunProcesses, StopSignals, stop_run, subreaper
 from harness.run.rendezvous import serve_store
@@ -46,6 +47,7 @@ def launch_and_wait(run: PreparedRun, outcome: Outcome, caught: StopSignals, ech
     if request.launcher == "python":  # no launcher to keep rank 0's output: keep it ourselves
         sinks.append((run.run_dir / "logs" / "rank.0.out").open("wb"))
     processes = RunProcesses(run.run_id)
+    clock = cpu_time.read_clock()
     started = time.monotonic()
     pump = process = None
     try:
@@ -79,6 +81,8 @@ def launch_and_wait(run: PreparedRun, outcome: Outcome, caught: StopSignals, ech
             with contextlib.suppress(OSError, ValueError):
                 sink.close()
         outcome.wall = time.monotonic() - started
+        # After stop_run: every process of the run is reaped, so its CPU time counts as ours.
+        outcome.others_cores = cpu_time.others_cores(clock, cpu_time.read_clock())
 
 
 def wait_for_end(run: PreparedRun, process: subprocess.Popen[bytes], processes: RunProcesses, outcome: Outcome,

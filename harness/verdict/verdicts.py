@@ -64,12 +64,65 @@ class Sample:
     # Entries of the run's folder that are not regular files or folders (links, FIFOs, devices), by
     # path from the folder: never followed or opened (grading/samples.py, inspect_run_dir).
     untrusted: list[str] = field(default_factory=list)
+    cpu: dict[str, Any] | None = None  # the run's CPUs as the harness saw them (run/accounting.py, cpu_account)
 
 
 def is_lesson(verdict: Verdict) -> bool:
     """An observed finding the course teaches that nothing the program output depended on: shown with
     its lesson and fix, costing nothing unless a rubric says so (classgrade/rubric.py, lessons_cost)."""
     return verdict.passed is None and verdict.measured == LESSON
+
+
+# Other processes' load a multi-threaded run may have beside it and still be judged: half a core.
+# Less than one CPU-bound program takes beside it (the scheduler shares the cores fairly: beside 2
+# threads on 2 cores it gets 2/3 of a core, two such programs a core between them), more than the
+# kernel's own work and an idle shell or editor.
+OTHERS_TOLERANCE = 0.5
+
+
+def speed_not_judged(samples: list[Sample]) -> str | None:
+    """Why these runs' speed cannot be judged, or None. The harness's own account of each run decides:
+    more ranks x threads than the cores that were ours (affinity, cgroup quota, host), or, with more
+    than one thread per rank, other processes busy on those cores. Measured in the robustness sweep
+    (labs/TRAINING.md): there rates fell 3 to 40 times and the lab and its reference loop did not fall
+    alike (OpenMP's threads spin-wait for a descheduled partner), so a ratio says nothing about the
+    program. One thread per rank beside other programs slows the lab and its loop alike: judged."""
+    def count(value: Any) -> Any:
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
+
+    for sample in samples:
+        cpu = sample.cpu if isinstance(sample.cpu, dict) else {}
+        ranks, threads, cores = (count(cpu.get(key)) for key in ("ranks_here", "threads_per_rank", "cores"))
+        if not (ranks and threads and cores):
+            continue
+        where = f"{cores} core(s) ({cpu.get('cores_limited_by')}, of the host's {cpu.get('host_cores')})"
+        if ranks * threads > cores:
+            return f"{ranks} rank(s) x {threads} thread(s) on {where}: the run oversubscribed its cores"
+        others = count(cpu.get("others_cores"))
+        free = min(cores, (count(cpu.get("cpus")) or cores) - others) if others is not None else cores
+        if threads > 1 and ranks * threads > free + OTHERS_TOLERANCE:
+            return (f"{ranks} rank(s) x {threads} thread(s) on {where} while other processes kept {others:.2f} "
+                    "of them busy: multi-threaded ranks need their cores to themselves")
+    return None
+
+
+NOT_JUDGED = "not judged"
+
+
+def not_judged(verdict: Verdict, why: str) -> Verdict:
+    """A speed row whose conditions cannot support a verdict: neither passed nor failed, and why."""
+    return dataclasses.replace(verdict, measured=NOT_JUDGED, passed=None, margin=None,
+                               detail=f"{NOT_JUDGED}: {why}; measured {verdict.measured} ({verdict.detail})")
+
+
+def unjudged(verdicts: list[Verdict]) -> dict[str, list[str]]:
+    """The speed rows not judged, by reason: what a grade says at its end."""
+    reasons: dict[str, list[str]] = {}
+    for v in verdicts:
+        if v.measured == NOT_JUDGED:
+            why = v.detail.removeprefix(f"{NOT_JUDGED}: ").split("; measured ", 1)[0]
+            reasons.setdefault(why, []).append(f"{v.lab} ws={v.world_size} {v.check}")
+    return reasons
 
 
 def metric(record: dict[str, Any] | None, name: str) -> float | None:
@@ -202,6 +255,19 @@ def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
             verdicts.append(Verdict(lab, world_size, f"{band.metric}_ratio" if band.at_least_ratio else band.metric,
                                     "not measured", band.describe(world_size), False,
                                     f"no run finished well to measure {band.metric} in ({_failures(failed)})"))
+    slowest = max(s.wall_seconds for s in samples)
+    budget = Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s",
+                     slowest <= exp.time_budget_s, "slowest run's wall time", margin=below(slowest, exp.time_budget_s))
+    crowded = speed_not_judged(samples)  # a run that timed out still fails its "run" row
+    verdicts.append(not_judged(budget, crowded) if crowded else budget)
+    ok_samples = [s for s in samples if s.status == "ok"]
+    crowded = speed_not_judged(ok_samples)
+    for band in exp.bands:
+        if not ok_samples:
+            verdicts.append(Verdict(lab, world_size, band.metric, "-", band.describe(world_size), False,
+                                    "no successful run to measure"))
+        elif crowded and band.metric == exp.throughput_metric:
+            verdicts.append(not_judged(band_verdict(lab, world_size, band, ok_samples, reference), crowded))
         else:
             verdicts.append(as_lesson(exp, band_verdict(lab, world_size, band, ok_samples, reference)))
     if not any(band.metric == exp.accuracy_metric for band in exp.bands):
@@ -309,10 +375,11 @@ def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]],
                     loop = scaling_efficiency(references[ws], ws, references[1])  # type: ignore[arg-type]
                     how = f"{how} = {efficiency:.3f}, over its reference's own {loop:.3f} in this grade"
                     efficiency /= loop
-                verdicts.append(as_lesson(exp, Verdict(exp.lab, ws, "efficiency", f"{efficiency:.3f}",
-                                                       f">= {exp.efficiency_min[ws]:g}",
-                                                       efficiency >= exp.efficiency_min[ws], how,
-                                                       margin=above(efficiency, exp.efficiency_min[ws]))))
+                verdict = Verdict(exp.lab, ws, "efficiency", f"{efficiency:.3f}", f">= {exp.efficiency_min[ws]:g}",
+                                  efficiency >= exp.efficiency_min[ws], how,
+                                  margin=above(efficiency, exp.efficiency_min[ws]))
+                crowded = speed_not_judged(ok.get(ws, [])) or speed_not_judged(base_runs)
+                verdicts.append(not_judged(verdict, crowded) if crowded else as_lesson(exp, verdict))
     return verdicts
 
 

@@ -7,14 +7,18 @@ torch is imported lazily where a GPU question needs it.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import platform
 import socket
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 
 
 def cpu_model() -> str:
@@ -24,6 +28,102 @@ def cpu_model() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+@dataclass(frozen=True)
+class Cores:
+    """The CPU cores this process may use: the fewest that any limit leaves it, and which limit that is."""
+
+    count: int  # whole cores, at least 1
+    limited_by: str  # "affinity", "cgroup cpu.max" (v2), "cgroup cpu.cfs_quota_us" (v1) or "host"
+    host: int  # what the kernel reports for the machine (os.cpu_count())
+    affinity: int | None  # the CPUs this process may be scheduled on (taskset, cpuset, Slurm's binding)
+    quota: float | None  # the cgroup's CPU quota in cores, e.g. 1.5 (None: no quota)
+
+    def describe(self) -> str:
+        if self.limited_by == "host":
+            return f"{self.count} cores (the host's)"
+        quota = f"{self.quota:g} cores of quota" if self.quota is not None else ""
+        return f"{self.count} of the host's {self.host} cores ({self.limited_by}" + (
+            f": {quota})" if quota and self.limited_by.startswith("cgroup") else ")")
+
+
+def usable_cores(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGROUP) -> Cores:
+    """How many cores are ours: the CPUs we may run on (affinity), then the cgroup's CPU quota, then the host.
+
+    os.cpu_count() reports the machine: inside a Slurm allocation, a Kubernetes pod with a CPU limit,
+    a container with a quota or under taskset it overstates what a process gets, and threads sized
+    from it oversubscribe. The quota is rounded down (1.5 cores of quota run 1 thread at full speed,
+    not 2) and the smallest quota on the way up the cgroup tree counts. `cgroup_root` and
+    `proc_cgroup` are parameters so that a folder laid out like /sys/fs/cgroup can stand in for it."""
+    host = os.cpu_count() or 1
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    limited_by, quota = cgroup_cpu_quota(cgroup_root, proc_cgroup)
+    candidates = [(host, "host")]
+    if affinity:
+        candidates.append((affinity, "affinity"))
+    if quota is not None:
+        candidates.append((max(1, math.floor(quota)), limited_by))
+    count = min(n for n, _ in candidates)
+    # The first limit that binds names it (affinity before an equal quota); none below the host: "host".
+    named = next((why for n, why in candidates[1:] if n == count), "host") if count < host else "host"
+    return Cores(count, named, host, affinity, quota)
+
+
+def cgroup_cpu_quota(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGROUP
+                     ) -> tuple[str, float | None]:
+    """The CPU quota of this process's cgroup in cores (None: unlimited), with the file it came from.
+
+    /proc/self/cgroup names the cgroup: a v1 line `N:cpu,cpuacct:/path` (the cpu controller's
+    hierarchy, which takes precedence on hybrid hosts) or the v2 line `0::/path`. The quota is the
+    smallest on the way from that cgroup up to the root: a parent's limit binds its children."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return "", None
+    v1 = v2 = None
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if "cpu" in controllers.split(","):
+            v1 = (controllers, path)
+        elif controllers == "" and line.startswith("0::"):
+            v2 = path
+    if v1 is not None:
+        folder = next((cgroup_root / name for name in (v1[0], "cpu") if (cgroup_root / name).is_dir()), None)
+        return ("cgroup cpu.cfs_quota_us", _smallest(folder, v1[1], _v1_quota)) if folder else ("", None)
+    if v2 is not None:
+        return "cgroup cpu.max", _smallest(cgroup_root, v2, _v2_quota)
+    return "", None
+
+
+def _smallest(mount: Path, path: str, read) -> float | None:
+    """The smallest quota from the cgroup at `path` up to the hierarchy's root. A path the mount does
+    not hold (a container that sees only its own cgroup, mounted at the root) starts at the root."""
+    here = mount / path.strip("/")
+    if not here.is_dir():
+        here = mount
+    quotas = []
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            quota = read(here)
+            if quota is not None:
+                quotas.append(quota)
+        if here == mount or mount not in here.parents:
+            break
+        here = here.parent
+    return min(quotas) if quotas else None
+
+
+def _v2_quota(folder: Path) -> float | None:
+    """cpu.max: `max 100000` (no limit) or `<quota> <period>` in microseconds."""
+    quota, _, period = (folder / "cpu.max").read_text().strip().partition(" ")
+    return None if quota == "max" else int(quota) / int(period or 100000)
+
+
+def _v1_quota(folder: Path) -> float | None:
+    """cpu.cfs_quota_us (-1: no limit) over cpu.cfs_period_us."""
+    quota = int((folder / "cpu.cfs_quota_us").read_text())
+    return None if quota < 0 else quota / int((folder / "cpu.cfs_period_us").read_text())
 
 
 # What a GPU driver leaves on a host where torch.cuda could find a device: NVIDIA's kernel module
@@ -85,7 +185,7 @@ def fingerprint() -> dict[str, Any]:
     """The few facts that choose a profile and describe a measurement: GPU count and models, CPU
     cores and model."""
     found = gpus()
-    return {"gpus": found["count"], "gpu_models": found["models"], "cores": os.cpu_count() or 1,
+    return {"gpus": found["count"], "gpu_models": found["models"], "cores": usable_cores().count,
             "cpu_model": cpu_model()}
 
 def git_commit(where: Path = REPO) -> str | None:

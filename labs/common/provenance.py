@@ -13,7 +13,7 @@ import sys
 from importlib import metadata
 from typing import Any
 
-from labs.common.host import cpu_model, git_commit, gpus
+from labs.common.host import cpu_model, git_commit, gpus, usable_cores
 from labs.common.topology import Topology
 
 
@@ -53,6 +53,14 @@ def versions() -> dict[str, str | None]:
     }
 
 
+def hardware() -> dict[str, Any]:
+    """The CPU, the cores this process may use (affinity, cgroup quota, host: labs/common/host.py) and
+    what limits them, the host's own count beside it, and the GPUs."""
+    cores = usable_cores()
+    return {"cpu_model": cpu_model(), "cores": cores.count, "cores_limited_by": cores.limited_by,
+            "host_cores": cores.host, "gpus": gpus()}
+
+
 def provenance(topology: Topology, backend: str) -> dict[str, Any]:
     """Everything a number depends on, so a result can be traced and compared."""
     threads = None
@@ -62,7 +70,7 @@ def provenance(topology: Topology, backend: str) -> dict[str, Any]:
         threads = torch.get_num_threads()
     return {
         "versions": versions(),
-        "hardware": {"cpu_model": cpu_model(), "cores": os.cpu_count(), "gpus": gpus()},
+        "hardware": hardware(),
         "hostname": topology.hostname,
         "world_size": topology.world_size,
         "threads_per_rank": threads,
