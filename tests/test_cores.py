@@ -301,10 +301,13 @@ def test_a_run_records_its_cores_and_what_others_used_of_them(tmp_path):
 
 
 def test_a_grade_says_which_speed_rows_it_did_not_judge_and_passes_on_correctness(tmp_path, capsys, monkeypatch):
-    """grade.run over runs that oversubscribed their cores: the throughput row is not judged (a ratio
+    """A grade over runs that oversubscribed their cores: the throughput row is not judged (a ratio
     of 0.1 against a floor of 0.547 would fail), the grade passes on what it could judge, and its
     last lines say which row and why."""
-    from harness.commands import cli, grade
+    from harness.commands import grade
+    from harness.grading.judge import run_grade
+    from harness.grading.plan import plan_grade
+    from harness.verdict.profiles import resolve
 
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
 
@@ -314,9 +317,8 @@ def test_a_grade_says_which_speed_rows_it_did_not_judge_and_passes_on_correctnes
         record = {"metrics": {"img_per_sec": 10.0, "final_accuracy": 0.95}, "checks": {}}
         done["baseline", 1] = [Sample("lab", "ok", None, 1.0, record, cpu=cpu(1, 2, 1))]
 
-    args = cli.build_parser().parse_args(["grade", "--profile", "cpu-smoke", "--labs", "baseline", "--world-sizes",
-                                          "1", "--results", str(tmp_path)])
-    assert grade.run(args, execute_cells=execute) == 0
+    plan = plan_grade(resolve("cpu-smoke", {}), labs=["baseline"], world_sizes=[1], results_root=tmp_path)
+    assert grade.report(run_grade(plan, execute_cells=execute)) == 0
     out = capsys.readouterr().out
     assert "speed not judged (baseline ws=1 time, baseline ws=1 img_per_sec_ratio): 1 rank(s) x 2 thread(s) on 1 " \
            "core(s)" in out

@@ -17,10 +17,9 @@ from pathlib import Path
 import k8s_operators
 import pytest
 
-from harness.commands import slurm
-from harness.commands.grade import accuracy_claim_tolerance
 from harness.observe import accuracy, data_parallel, observations
 from harness.run import job_templates
+from harness.verdict.tolerances import accuracy_claim_tolerance
 
 ENGINE = os.environ.get("ENGINE", "podman")
 IMAGE = os.environ.get("IMAGE", "localhost/distlab:cpu")
@@ -61,7 +60,7 @@ def logs(outcome: k8s_operators.Outcome) -> str:
 
 def judged(observe_dirs: list[Path], record: dict, world_size: int) -> dict[str, data_parallel.Check]:
     """The harness's own checks of the ranks' observations, as a grade computes them."""
-    merged = slurm.merged_observations(observe_dirs)
+    merged = observations.merge(observe_dirs)
     with accuracy.Evaluator() as evaluator:
         measurement = evaluator.measure(merged.directory, ["--smoke"])
     assert measurement.get("accuracy") is not None, measurement

@@ -52,8 +52,8 @@ def minimal_record() -> dict:
 
 def test_the_schemas_are_valid_draft_2020_12_and_shipped_in_the_wheel():
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    shipped = pyproject["tool"]["setuptools"]["package-data"]["harness"]
-    for name in (schema_check.RECORD_SCHEMA, schema_check.PROFILE_SCHEMA):
+    shipped = pyproject["tool"]["setuptools"]["package-data"]["distlab.harness"]
+    for name in (schema_check.RECORD_SCHEMA, schema_check.PROFILE_SCHEMA, schema_check.OBSERVATIONS_SCHEMA):
         schema = json.loads((schema_check.SCHEMA_DIR / name).read_text())
         assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
         schema_check.validator(name)  # check_schema: raises on an invalid schema

@@ -239,33 +239,22 @@ def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
     verdicts += observed_verdicts(lab, world_size, samples)
     ok_samples = [s for s in samples if s.status == "ok"]
     slowest = max(s.wall_seconds for s in samples)
-    if ok_samples:
-        verdicts.append(Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s",
-                                slowest <= exp.time_budget_s, "slowest run's wall time",
-                                margin=below(slowest, exp.time_budget_s)))
-    elif slowest > exp.time_budget_s:  # failed runs that also ran past the budget (a hang, say): failed
-        verdicts.append(Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s", False,
-                                f"slowest run's wall time; no run finished well ({_failures(failed)})",
-                                margin=below(slowest, exp.time_budget_s)))
+    crowded = speed_not_judged(samples)  # the time budget is a speed row too; a run that timed out still fails "run"
+    if ok_samples or slowest > exp.time_budget_s:  # failed runs past the budget (a hang, say) fail it too
+        budget = Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s",
+                         slowest <= exp.time_budget_s, "slowest run's wall time" + (
+                             "" if ok_samples else f"; no run finished well ({_failures(failed)})"),
+                         margin=below(slowest, exp.time_budget_s))
+        verdicts.append(not_judged(budget, crowded) if crowded else budget)
     else:  # within the budget, a crash's wall time says nothing of the program's speed: not a pass
         verdicts.append(Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s", None,
                                 f"not judged: no run finished well ({_failures(failed)})"))
+    crowded = speed_not_judged(ok_samples)
     for band in exp.bands:
         if not ok_samples:
             verdicts.append(Verdict(lab, world_size, f"{band.metric}_ratio" if band.at_least_ratio else band.metric,
                                     "not measured", band.describe(world_size), False,
                                     f"no run finished well to measure {band.metric} in ({_failures(failed)})"))
-    slowest = max(s.wall_seconds for s in samples)
-    budget = Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s",
-                     slowest <= exp.time_budget_s, "slowest run's wall time", margin=below(slowest, exp.time_budget_s))
-    crowded = speed_not_judged(samples)  # a run that timed out still fails its "run" row
-    verdicts.append(not_judged(budget, crowded) if crowded else budget)
-    ok_samples = [s for s in samples if s.status == "ok"]
-    crowded = speed_not_judged(ok_samples)
-    for band in exp.bands:
-        if not ok_samples:
-            verdicts.append(Verdict(lab, world_size, band.metric, "-", band.describe(world_size), False,
-                                    "no successful run to measure"))
         elif crowded and band.metric == exp.throughput_metric:
             verdicts.append(not_judged(band_verdict(lab, world_size, band, ok_samples, reference), crowded))
         else:
