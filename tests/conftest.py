@@ -41,6 +41,11 @@ class LabRun:
     record: dict[str, Any] | None
     run: dict[str, Any] | None  # the harness's run.json
 
+    def why(self) -> str:
+        """For a failed assertion: the harness's reason, then the end of the output (its start is the
+        ranks' warnings, and pytest cuts a long message in the middle)."""
+        return f"reason: {(self.run or {}).get('reason')}\n...{self.output[-4000:]}"
+
 
 def run_distlab(args: list[str], timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([DISTLAB, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
@@ -77,12 +82,14 @@ def _load(path: Path) -> dict[str, Any] | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `alone` first (the order otherwise kept): at the start, the other workers are in
-    their first tests, of seconds, so the wait for the machine is short. Handed out later, one waited
-    for whatever long test another worker had just begun (48 s, for the smoke grade, in one run
-    here), with the third worker held at the gate all that time. pytest-xdist hands tests out in
-    this order with --no-loadscope-reorder (noxfile.py)."""
-    items.sort(key=lambda item: item.get_closest_marker("alone") is None)
+    """Tests marked `alone` first, then those marked `long`, the order otherwise kept. At the start,
+    the other workers are in their first tests, of seconds, so the wait for the machine is short.
+    Handed out later, one waited for whatever long test another worker had just begun (48 s, for the
+    smoke grade, in one run here), with the third worker held at the gate all that time. The long
+    ones next, longest work first: handed out last, one grade of the tutorial's two cells ran by
+    itself for the suite's last 445 s while two workers had nothing left. pytest-xdist hands tests
+    out in this order with --no-loadscope-reorder (noxfile.py); a group goes where its first test is."""
+    items.sort(key=lambda item: (item.get_closest_marker("alone") is None, item.get_closest_marker("long") is None))
 
 
 @pytest.hookimpl(hookwrapper=True)

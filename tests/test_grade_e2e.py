@@ -28,6 +28,7 @@ def test_grade_and_calibrate_refuse_bad_input(tmp_path, argv, message):
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_grade_smoke_profile_at_world_sizes_1_and_2(tmp_path):
     results = tmp_path / "results"
     done = run_distlab(["grade", "--profile", "cpu-smoke", "--labs", "check,ddp", "--world-sizes", "1,2",

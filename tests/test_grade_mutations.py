@@ -118,6 +118,7 @@ NOISY = ("img_per_sec_ratio", "efficiency", "time")
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_each_mistake_fails_with_its_reason_and_correct_programs_pass(tmp_path):
     scratch = REPO / "tests/programs/ddp_program.py"  # from scratch: not one line of labs/
     assert "import labs" not in scratch.read_text() and "from labs" not in scratch.read_text()
@@ -177,6 +178,7 @@ LEARNING_ROWS = ["ddp", "label-noise"]
 
 
 @pytest.mark.integration
+@pytest.mark.long
 def test_a_program_that_learns_less_fails_on_the_accuracy_the_harness_measured(tmp_path):
     # Every training label replaced by a random one: the run is as fast and as well-formed as the
     # lab's, and its record tells the truth; only the accuracy of its weights gives it away. At world

@@ -5,20 +5,31 @@ cluster (tests/slurm_cluster.py) and runs this file in it. Without that cluster 
 skips, saying so. Each job is submitted with `sbatch --wait`; what a test holds against it is the
 job's exit, its state in `sacct` and what it left: the records, and for DDP what the harness's
 observer saw on the ranks of both nodes, judged by harness/observe/observations.py as a grade judges a run.
+`distlab grade-class --slurm` grades a class there, each submission an array task in its sandbox on
+its node, one task killed mid-run and graded again by the same command.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import shlex
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from conftest import write_rank_observation
+from test_grade_mutations import MUTANTS, mutant
 
+from harness.classgrade import cluster as class_cluster
+from harness.classgrade import rubric, sandbox
+from harness.commands import cli
 from harness.grading import slurm
 from harness.observe import accuracy, data_parallel, observations
 from harness.run import job_templates
@@ -31,6 +42,7 @@ cluster = pytest.mark.skipif(not CLUSTER or not os.environ.get("SLURM_CONF"),
                              reason="needs the two-node Slurm cluster that `nox -s slurm` starts")
 JOB_LIMIT_S = 900  # sbatch --wait's ceiling; a ddp smoke job takes about a minute here
 BIN = str(Path(sys.executable).parent)  # the jobs inherit PATH: distlab, torchrun, python of this env
+CORRECT = REPO / "tests/programs/ddp_program.py"  # the correct program test_grade_class.py grades
 
 
 def _port() -> int:
@@ -166,6 +178,106 @@ def test_distlab_grade_runs_its_cells_as_a_slurm_job_array(tmp_path):
     assert len(list(results.glob("ddp/*-ws2-*/observe/rank.*.json"))) == 2
 
 
+def _gradebook(class_dir: Path) -> dict[str, dict[str, str]]:
+    return {row["id"]: row for row in csv.DictReader((class_dir / "gradebook.csv").open(newline=""))}
+
+
+def _appears(grader: subprocess.Popen[str], folder: Path, pattern: str, since: float) -> list[Path]:
+    """What matches `pattern` in `folder` once something does, while the grader runs: a job's folder set
+    aside, a job's run started on its node (its launcher's log)."""
+    while not (found := list(folder.glob(pattern))):
+        assert grader.poll() is None and time.monotonic() - since < JOB_LIMIT_S, grader.communicate()[0]
+        time.sleep(0.2)  # a file appearing in the shared folder: no event reaches this process from a node
+    return found
+
+
+def _array_tasks(array: Path, env: dict[str, str]) -> dict[str, str]:
+    """The array's tasks in squeue: each one's own job id -> <array>_<index>, the name scancel takes
+    (Slurm 22.05 answers "invalid job id" to a task's own id)."""
+    listed = subprocess.run(["squeue", "-h", "-n", class_cluster.array_name(array), "-o", "%A %i"],
+                            capture_output=True, text=True, env=env, timeout=60, check=True).stdout
+    return dict(line.split() for line in listed.splitlines())
+
+
+@pytest.mark.integration
+@cluster
+@pytest.mark.skipif(sandbox.available() is not None or os.geteuid() != 0,
+                    reason=f"the class's sandbox needs root and bubblewrap ({sandbox.available() or 'not root'})")
+@pytest.mark.timeout(2 * JOB_LIMIT_S)
+def test_grade_class_on_slurm_grades_again_only_the_task_killed_mid_run(tmp_path):
+    """A correct program, a wrong one (no-sampler: every rank trains on the whole set) and a hostile one
+    (it reads a classmate's program) as three array tasks over both nodes, two at once, each in its
+    sandbox on its node (cpu-smoke's ddp at world size 2, the plain loop before each run). The correct
+    one's task is cancelled once its run has started: the first grade says so and scores it nothing;
+    the same command then grades that one alone, and the gradebook holds every student with the
+    scores due. Last, a grader stopped mid-array cancels its array."""
+    submissions = tmp_path / "week4"
+    submissions.mkdir()
+    shutil.copy(CORRECT, submissions / "alice.py")
+    shutil.copy(mutant(tmp_path, "no-sampler", MUTANTS["no-sampler"][0]), submissions / "bob.py")
+    shutil.copy(REPO / "tests/submissions/reads_other.py", submissions / "reads-other.py")
+    results = tmp_path / "results"
+    argv = [str(Path(BIN) / "distlab"), "grade-class", str(submissions), "--lab", "ddp", "--profile", "cpu-smoke",
+            "--world-sizes", "2", "--jobs", "2", "--results", str(results), "--slurm"]
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    class_dir = results.resolve() / "class" / "week4"  # as the jobs file names it
+    started = time.monotonic()
+    grader = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                              cwd=tmp_path, stdin=subprocess.DEVNULL)
+    _appears(grader, class_dir, "jobs/alice/runs/*/*/launcher.log", started)  # alice's first run is on its node
+    (array,) = class_dir.glob("slurm/*")
+    index = (array / class_cluster.JOBS_FILE).read_text().splitlines().index(str(class_dir / "jobs/alice/job.json"))
+    task = _array_tasks(array, env)[(array / f"task-{index}.jobid").read_text().strip()]
+    subprocess.run(["scancel", task], check=True, env=env, timeout=60)
+    first = grader.communicate(timeout=JOB_LIMIT_S)[0]
+    assert grader.returncode == 0 and "3 to grade" in first, first[-3000:]
+    states = json.loads((array / "sacct.json").read_text())
+    assert states[str(index)]["State"].startswith("CANCELLED"), states
+    assert [states[str(i)]["State"] for i in range(3) if i != index] == ["COMPLETED"] * 2, states
+    assert {states[str(i)]["NodeList"] for i in range(3)} == {"n1", "n2"}, states  # across both nodes
+    book = _gradebook(class_dir)
+    assert book["alice"]["status"] == "error" and book["alice"]["score"] == "", book["alice"]  # never a silent 0
+    assert "Slurm task" in book["alice"]["reason"] and "CANCELLED" in book["alice"]["reason"], book["alice"]
+    # The cancelled task left nothing running as its job's uid (None: another job holds the uid now).
+    uid = json.loads((class_dir / "jobs/alice/sandbox.json").read_text())["uid"]
+    assert not sandbox.processes_left(uid), uid
+    first_s = time.monotonic() - started
+
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=JOB_LIMIT_S,
+                           stdin=subprocess.DEVNULL)
+    assert again.returncode == 0 and "1 to grade" in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
+    (second,) = [folder for folder in class_dir.glob("slurm/*") if folder != array]
+    assert (second / class_cluster.JOBS_FILE).read_text().splitlines() == [str(class_dir / "jobs/alice/job.json")]
+    book = _gradebook(class_dir)
+    assert book["alice"]["status"] == "graded", book["alice"]
+    for item in rubric.load(rubric.DEFAULT).items:
+        if item.name != "speed":  # timed beside the other task on a 2-core host: not asserted
+            assert float(book["alice"][item.name]) == item.points, (item.name, book["alice"])
+    assert book["bob"]["status"] == "graded" and book["bob"]["each rank its own shard"] == "1.5", book["bob"]
+    assert float(book["bob"]["score"]) < float(book["bob"]["max"]), book["bob"]  # shards_disjoint fails
+    assert book["reads-other"]["status"] == "ungradable", book["reads-other"]
+    assert "tried to reach" in book["reads-other"]["reason"], book["reads-other"]  # its sandbox on its node
+    assert all((class_dir / "jobs" / key / "sandbox.json").is_file() for key in ("alice", "bob", "reads-other"))
+    print(f"first grade {first_s:.0f} s; the cancelled task again {time.monotonic() - started - first_s:.0f} s")
+
+    # A grader stopped (SIGTERM) while its array runs cancels the array: nothing of it runs on.
+    grader = subprocess.Popen([*argv, "--rerun", "bob"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env, cwd=tmp_path, stdin=subprocess.DEVNULL)
+    since = time.monotonic()
+    _appears(grader, class_dir, "jobs/bob.before-1", since)  # bob's grade set aside: jobs/bob is the new job
+    _appears(grader, class_dir, "jobs/bob/runs/*/*/launcher.log", since)
+    (third,) = [folder for folder in class_dir.glob("slurm/*") if folder not in (array, second)]
+    grader.send_signal(signal.SIGTERM)
+    stopped = grader.communicate(timeout=120)[0]
+    assert grader.returncode in (130, 143) and "cancelled the class's Slurm job array" in stopped, stopped[-3000:]
+    cancelled = time.monotonic()
+    while _array_tasks(third, env):  # cancelled: Slurm ends the task (SIGTERM, SIGKILL after KillWait)
+        assert time.monotonic() - cancelled < 120, _array_tasks(third, env)
+        time.sleep(0.2)  # squeue is the one place the task's end shows
+    assert not (class_dir / "jobs/bob/observations.json").exists()
+    assert not sandbox.processes_left(json.loads((class_dir / "jobs/bob/sandbox.json").read_text())["uid"])
+
+
 # --- without a cluster ----------------------------------------------------------------------------
 
 def _observation(folder: Path, rank: int) -> None:
@@ -196,11 +308,45 @@ def test_the_grade_array_has_one_task_per_cell():
 
 
 def test_grade_slurm_without_slurm_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
-    from harness.commands import cli
-
     monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch here
     monkeypatch.chdir(tmp_path)
     assert cli.main(["grade", "--profile", "cpu-smoke", "--labs", "check", "--slurm"]) == 2
     err = capsys.readouterr().err
     assert "--slurm needs Slurm's sbatch and sacct" in err and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_class_array_grades_one_job_per_task_at_most_jobs_at_once():
+    folder = Path("/shared/results/class/week 4/slurm/20261204-101500-ws2-class-smoke")
+    script = class_cluster.array_script(folder, tasks=5, at_once=2, cpus=2, gpus=0, time_limit_s=900,
+                                        sbatch_args=["--partition=cpu"])
+    lines = script.splitlines()
+    first_command = next(i for i, line in enumerate(lines) if line and not line.startswith("#"))
+    directives = [i for i, line in enumerate(lines) if line.startswith("#SBATCH ")]
+    assert directives and max(directives) < first_command  # sbatch reads none after the first command
+    options = dict(shlex.split(lines[i])[1].split("=", 1) for i in directives)
+    assert options["--array"] == "0-4%2"  # one task per job, at most --jobs of them at once
+    assert (options["--nodes"], options["--ntasks"], options["--cpus-per-task"]) == ("1", "1", "2")
+    assert options["--time"] == "16" and options["--partition"] == "cpu" and "--gres" not in options
+    assert options["--output"] == f"{folder}/task-%a.out"
+    assert options["--job-name"] == class_cluster.array_name(folder)
+    command = shlex.split(script.split("\nexec ", 1)[1].replace("\\\n", " "))
+    assert command == [sys.executable, "-m", "harness.classgrade.cluster", f"{folder}/{class_cluster.JOBS_FILE}",
+                       "$SLURM_ARRAY_TASK_ID"]  # task i grades line i of the jobs file
+    on_gpus = class_cluster.array_script(folder, tasks=1, at_once=1, cpus=16, gpus=2, time_limit_s=60, sbatch_args=[])
+    assert "#SBATCH --array=0-0%1\n" in on_gpus and "#SBATCH --gres=gpu:2\n" in on_gpus
+
+
+def test_grade_class_slurm_without_slurm_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    submissions = tmp_path / "week4"
+    submissions.mkdir()
+    shutil.copy(CORRECT, submissions / "alice.py")
+    results = tmp_path / "results"
+    before = sorted(tmp_path.rglob("*"))
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # no sbatch there
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["grade-class", str(submissions), "--slurm", "--results", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert "--slurm needs Slurm's sbatch and sacct on PATH (run it on a login node" in err, err
+    assert err.count("\n") == 1, err
+    assert sorted(tmp_path.rglob("*")) == before and not results.exists()

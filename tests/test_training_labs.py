@@ -39,7 +39,7 @@ def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> fl
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a if a[k].is_floating_point())
 
 
-# The longest test first: pytest-xdist hands tests out in file order.
+@pytest.mark.long
 @needs_horovod  # the checkpoint is resumed by the Horovod lab
 def test_a_crashed_run_resumes_where_its_checkpoint_left_off(distlab_run, tmp_path):
     args = ["--smoke", "--epochs", "3", "--train-size", "128", "--test-size", "64"]  # 2 steps an epoch at 2 x 32

@@ -106,6 +106,8 @@ def one_host(tmp_path_factory):
 
 
 @pytest.mark.integration
+@pytest.mark.long
+@pytest.mark.xdist_group("tutorial_one_host")  # one worker grades the fixture, once
 @pytest.mark.timeout(GRADE_TIMEOUT_S + 60)
 def test_the_tutorial_passes_every_check_with_its_batchnorm_statistics_a_lesson(one_host):
     row = one_host["rows"]["tutorial"]
@@ -126,6 +128,8 @@ def test_the_tutorial_passes_every_check_with_its_batchnorm_statistics_a_lesson(
 
 
 @pytest.mark.integration
+@pytest.mark.long
+@pytest.mark.xdist_group("tutorial_one_host")
 @pytest.mark.timeout(GRADE_TIMEOUT_S + 60)
 def test_a_checkpoint_of_the_wrapper_fails_to_load_with_the_prefix_named(one_host):
     row = one_host["rows"]["wrapper-saved"]
@@ -135,6 +139,8 @@ def test_a_checkpoint_of_the_wrapper_fails_to_load_with_the_prefix_named(one_hos
 
 
 @pytest.mark.integration
+@pytest.mark.long
+@pytest.mark.xdist_group("tutorial_one_host")
 @pytest.mark.timeout(GRADE_TIMEOUT_S + 60)
 def test_horovods_example_without_the_broadcast_fails_its_replicas_and_its_honest_accuracy_holds(one_host):
     row = one_host["rows"]["horovod-mnist"]
@@ -161,24 +167,25 @@ def test_a_torchrun_only_program_at_world_size_1_says_why_and_how(tmp_path):
     assert "started with plain python" in run["reason"] and "start it with --launcher torchrun" in run["reason"]
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(GRADE_TIMEOUT_S + 60)
-def test_the_two_cells_catch_one_writer_per_node_and_an_off_by_one_resume(tmp_path):
+def needs_network_namespaces() -> None:
     if os.geteuid() != 0 or not shutil.which("ip"):
         pytest.skip("the two-host cell makes network namespaces: it needs root and iproute2")
+
+
+# The two cells in two tests, each a grade of its own: each takes minutes, and two workers run them side by side.
+@pytest.mark.integration
+@pytest.mark.long
+@pytest.mark.timeout(GRADE_TIMEOUT_S + 60)
+def test_the_two_hosts_cell_catches_one_writer_per_node(tmp_path):
+    needs_network_namespaces()
     profile = profile_of(tmp_path, {"two-hosts": {"from": "ddp-two-hosts"},
-                                    "local-rank-saves": {"from": "ddp-two-hosts"},
-                                    "resume": {"from": "ddp-resume"},
-                                    "off-by-one": {"from": "ddp-resume"}})
-    result = grade(tmp_path, profile, {"two-hosts": TUTORIAL, "resume": TUTORIAL,
-                                       "local-rank-saves": mutant(tmp_path, "local-rank-saves", LOCAL_RANK_SAVES),
-                                       "off-by-one": mutant(tmp_path, "off-by-one", OFF_BY_ONE)})
+                                    "local-rank-saves": {"from": "ddp-two-hosts"}})
+    result = grade(tmp_path, profile, {"two-hosts": TUTORIAL,
+                                       "local-rank-saves": mutant(tmp_path, "local-rank-saves", LOCAL_RANK_SAVES)})
     rows = result["rows"]
-    for correct in ("two-hosts", "resume"):
-        assert not failed(rows[correct]), (correct, failed(rows[correct]), result["stdout"][-3000:])
+    assert not failed(rows["two-hosts"]), (failed(rows["two-hosts"]), result["stdout"][-3000:])
     assert rows["two-hosts"]["observed:process_group", 2]["passed"] is True  # both nodes' ranks, one world
     assert rows["two-hosts"]["observed:one_writer_per_checkpoint", 2]["detail"].startswith("1 file(s) saved")
-    assert "resumed at epoch 1" in rows["resume"]["observed:resume_continues", 2]["detail"]
     # Both ranks wrote the shared file; rank 1's copy held its own BatchNorm statistics, so its save
     # made them matter: the statistics are no lesson any more, they cost (the tutorial passes those).
     local = rows["local-rank-saves"]
@@ -186,6 +193,17 @@ def test_the_two_cells_catch_one_writer_per_node_and_an_off_by_one_resume(tmp_pa
                                   ("observed:buffers_identical", 2)}, failed(local)
     assert "ranks 0 and 1 both saved" in local["observed:one_writer_per_checkpoint", 2]["detail"]
     assert "rank 1 saved them (checkpoint.pt)" in local["observed:replicas_identical", 2]["detail"]
+
+
+@pytest.mark.integration
+@pytest.mark.long
+@pytest.mark.timeout(GRADE_TIMEOUT_S + 60)
+def test_the_resume_cell_catches_an_off_by_one_resume(tmp_path):
+    profile = profile_of(tmp_path, {"resume": {"from": "ddp-resume"}, "off-by-one": {"from": "ddp-resume"}})
+    result = grade(tmp_path, profile, {"resume": TUTORIAL, "off-by-one": mutant(tmp_path, "off-by-one", OFF_BY_ONE)})
+    rows = result["rows"]
+    assert not failed(rows["resume"]), (failed(rows["resume"]), result["stdout"][-3000:])
+    assert "resumed at epoch 1" in rows["resume"]["observed:resume_continues", 2]["detail"]
     assert set(failed(rows["off-by-one"])) == {("observed:resume_continues", 2)}
     resumed = rows["off-by-one"]["observed:resume_continues", 2]["detail"]
     assert "epoch(s) 0 trained twice" in resumed and "it read checkpoint.pt, saved before the stop" in resumed

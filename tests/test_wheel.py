@@ -28,7 +28,7 @@ import tomli_w
 from harness.verdict.profiles import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("wheel")]
+pytestmark = [pytest.mark.integration, pytest.mark.long, pytest.mark.xdist_group("wheel")]
 
 
 def tracked_files() -> list[str]:

@@ -10,6 +10,7 @@ A stage between grading/ (each submission is graded as `distlab grade --program`
                     it observed stored, so verdicts can be recomputed without training
     pool.py         up to N jobs at once, each on a slot (its GPUs), stopped together
     classroom.py    the class: which to grade, resume, rerun, regrade, the outcomes
+    cluster.py      the class on Slurm (--slurm): one array task per job, each graded on its node as here
     rubric.py       points per check, partial credit, visibility
     lessons.py      what a failed check means, the one-line fix, the lesson that teaches it
     outputs.py      gradebook CSV, class page, feedback pages, Gradescope's and PrairieLearn's results.json

@@ -1,11 +1,13 @@
 """A class graded: every student's program, side by side, into a gradebook (`distlab grade-class`).
 
 Each submission (submissions.py) is graded as `distlab grade --program LAB=PATH` grades one, by a job
-process of its own (job.py) in the sandbox (sandbox.py), up to N at once (pool.py). The class's folder:
+process of its own (job.py) in the sandbox (sandbox.py), up to N at once (pool.py), or each a task of a
+Slurm job array, on its node, graded there the same way (`--slurm`, cluster.py). The class's folder:
 
     <results>/class/<SUBMISSIONS name>/
         jobs/<id>/            the job: job.json, runs/, observations.json (its completion mark), stdout.log
         gradebook.csv, class.html, summary.json, feedback/<id>.html|.md, gradescope/<id>/results.json
+        slurm/<stamp>-ws<N>-<profile>/   --slurm: an array's jobs file, script, each task's output and state
 
 A class grade that is stopped resumes where it stopped (a job with observations.json for the same
 submission files is not run again); `rerun` grades some again; `regrade` recomputes every verdict and
@@ -27,14 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from harness.catalog import REPO, find_lab
+from harness.classgrade import cluster, lessons, outputs, rubric, sandbox
 from harness.classgrade import job as jobs
-from harness.classgrade import lessons, outputs, rubric, sandbox
-from harness.classgrade.pool import Pool, default_jobs, gpus_of, job_deadline_s
+from harness.classgrade.pool import Ended, Pool, default_jobs, gpus_of, job_deadline_s
 from harness.classgrade.submissions import Submission, find_submissions
 from harness.console import console
 from harness.files import write_json
 from harness.grading.judge import judge
 from harness.grading.plan import GradePlan
+from harness.grading.slurm import check_submit_host
 from harness.usage import UsageError
 from harness.verdict import profiles
 from harness.verdict.pairing import reference_rates
@@ -58,6 +61,8 @@ class ClassRequest:
     regrade: bool = False
     sandbox: str = "bwrap"  # "bwrap" (namespaces), "uid" (a uid of its own, without them), "none"
     lessons: str | None = None  # where feedback links the lesson pages; None: this checkout
+    slurm: bool = False  # each job a task of a Slurm job array (cluster.py)
+    sbatch_args: list[str] = dataclasses.field(default_factory=list)  # --slurm: the array's own sbatch options
 
     @property
     def sandboxed(self) -> bool:
@@ -176,6 +181,8 @@ class Classroom:
 
 def open_class(request: ClassRequest) -> Classroom:
     """The class the request names, every refusal (one line each) before anything is written."""
+    if request.slurm:
+        check_submit_host(request.sbatch_args)
     if not request.submissions.is_dir():
         raise UsageError(f"submissions folder {request.submissions} does not exist "
                          "(one folder or .py file per student)")
@@ -213,7 +220,9 @@ def open_class(request: ClassRequest) -> Classroom:
                                             check_runs=not request.regrade)
         except profiles.ProfileError as error:
             raise UsageError(str(error)) from None
-        room.size = request.jobs or default_jobs(room.probe_plan, fingerprint()["gpus"] or 0)
+        # On Slurm, the cluster places the tasks: this host's cores say nothing of its nodes.
+        room.size = request.jobs or (len(gradable) if request.slurm
+                                     else default_jobs(room.probe_plan, fingerprint()["gpus"] or 0))
     return room
 
 
@@ -243,50 +252,70 @@ def _set_aside(folder: Path) -> None:
             return
 
 
+def new_job(room: Classroom, student: Submission, slot: int, gpus: list[int] | None) -> dict[str, Any]:
+    """The student's job, written to a folder of its own (an earlier grade set aside) and stored as the class's."""
+    job = room.job_for(student, slot, gpus)
+    folder = Path(job["folder"])
+    _set_aside(folder)
+    folder.mkdir(parents=True)
+    write_json(folder / "job.json", job)
+    room.stored[student.key] = job
+    room.outcomes.pop(student.key, None)
+    return job
+
+
+def finish_job(room: Classroom, ended: Ended, lesson_root: str) -> None:
+    """A job that ended, here or on a node: the grader's own failure marked (said, never scored), the
+    student's outcome judged and its pages written."""
+    key, code = ended.student, ended.code
+    folder = Path(room.stored[key]["folder"])
+    if ended.reason:  # the grader's own work went wrong (a deadline, its memory, its Slurm task)
+        (folder / JOB_ERROR).write_text(f"{ended.reason}\n")
+    elif code and not (folder / jobs.OBSERVATIONS).is_file():  # the harness's failure, not the student's
+        lines = jobs.read_log(folder / "stdout.log").strip().splitlines() or ["no output"]
+        (folder / JOB_ERROR).write_text(f"job exit code {code}: {lines[-1][:500]}\n")
+    outcome = room.outcome(next(s for s in room.students if s.key == key))
+    outputs.write_student(room.class_dir, outcome, room.rubric, lesson_root)
+    points = f", {outcome.score:g} of {room.rubric.max_score:g}" if outcome.score is not None else ""
+    console.print(f"finished {key}: {outcome.status}{points}"
+                  f"{f' (job exit code {code})' if code else ''}", markup=False)
+
+
 def run_jobs(room: Classroom, todo: list[Submission], lesson_root: str) -> None:
     """Every submission of `todo` graded by the pool, each one's pages written as it finishes.
     KeyboardInterrupt (Ctrl-C, or SIGTERM raised as it) stops the pool's jobs first."""
     pool = Pool(room.size, room.request.sandboxed)
     queue = list(todo)
-    by_key = {s.key: s for s in room.students}
     try:
         while queue or pool.running:
             slot = pool.free_slot()
             while queue and slot is not None:
                 student = queue.pop(0)
-                job = room.job_for(student, slot, gpus_of(slot, room.probe_plan) if room.probe_plan else None)
-                folder = Path(job["folder"])
-                _set_aside(folder)
-                folder.mkdir(parents=True)
-                for name in (sandbox.job_cgroup_name(job), f"{sandbox.job_cgroup_name(job)}-grader"):
-                    sandbox.Cgroup.remove_named(name)  # an earlier grade of it killed before its clean-up
-                write_json(folder / "job.json", job)
-                room.stored[student.key] = job
-                room.outcomes.pop(student.key, None)
-                env = dict(os.environ)
-                if job["gpus"] is not None:
-                    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job["gpus"]))
-                pool.start(slot, student.key, folder / "job.json", env, deadline_s=job["deadline_s"],
-                           cgroup_name=f"{sandbox.job_cgroup_name(job)}-grader")
+                job = new_job(room, student, slot, gpus_of(slot, room.probe_plan) if room.probe_plan else None)
+                cluster.start_job(pool, slot, job)
                 console.print(f"started {student.key} (slot {slot})", markup=False)
                 slot = pool.free_slot()
             for ended in pool.finished():
-                key, code = ended.student, ended.code
-                folder = Path(room.stored[key]["folder"])
-                if ended.reason:  # the grader's own work went wrong (a deadline, its memory): said, never scored
-                    (folder / JOB_ERROR).write_text(f"{ended.reason}\n")
-                elif code and not (folder / jobs.OBSERVATIONS).is_file():  # the harness's failure, not the student's
-                    lines = jobs.read_log(folder / "stdout.log").strip().splitlines() or ["no output"]
-                    (folder / JOB_ERROR).write_text(f"job exit code {code}: {lines[-1][:500]}\n")
-                outcome = room.outcome(by_key[key])
-                outputs.write_student(room.class_dir, outcome, room.rubric, lesson_root)
-                points = f", {outcome.score:g} of {room.rubric.max_score:g}" if outcome.score is not None else ""
-                console.print(f"finished {key}: {outcome.status}{points}"
-                              f"{f' (job exit code {code})' if code else ''}", markup=False)
+                finish_job(room, ended, lesson_root)
             time.sleep(0.2)
     except KeyboardInterrupt:
         pool.stop()
         raise
+
+
+def run_jobs_on_slurm(room: Classroom, todo: list[Submission], lesson_root: str) -> None:
+    """Every submission of `todo` a task of one Slurm job array (cluster.py), graded on its node as the
+    pool grades it here; each one's pages written once the array has ended. A task that brought nothing
+    back leaves its job un-done: the same command grades it (and only it) again. KeyboardInterrupt
+    cancels the array first."""
+    if not todo:
+        return
+    grade_plan = room.probe_plan  # there is one: `todo` holds gradable students only
+    written = [new_job(room, student, 0, gpus_of(0, grade_plan)) for student in todo]
+    console.print(f"submitting {len(written)} job(s) as a Slurm job array", markup=False)
+    for ended in cluster.run_array(room.class_dir, [Path(job["folder"]) / "job.json" for job in written], grade_plan,
+                                   room.size, room.request.sbatch_args):
+        finish_job(room, ended, lesson_root)
 
 
 def summary_of(room: Classroom, outcomes: list[outputs.Outcome], wall_seconds: float, interrupted: bool
@@ -315,12 +344,13 @@ def grade_class(request: ClassRequest) -> int:
     todo = room.to_grade()
     lesson_root = request.lessons or (REPO.as_uri() + "/")
     mode = {"bwrap": "", "uid": " in the uid sandbox (no namespaces)", "none": " WITHOUT the sandbox"}[request.sandbox]
+    where = " as Slurm array tasks" if request.slurm else ""
     console.print(f"distlab grade-class: {len(room.students)} submission(s), {len(todo)} to grade, {room.size} at "
-                  f"once{mode}; {room.class_dir}", markup=False)
+                  f"once{where}{mode}; {room.class_dir}", markup=False)
     started, interrupted = time.monotonic(), None
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        run_jobs(room, todo, lesson_root)
+        (run_jobs_on_slurm if request.slurm else run_jobs)(room, todo, lesson_root)
     except KeyboardInterrupt as stop:
         interrupted = stop
     finally:

@@ -619,6 +619,18 @@ def end_processes_if_unclaimed(uid: int) -> None:
             os.close(fd)
 
 
+def processes_left(uid: int) -> list[int] | None:
+    """The pids still running as a job's uid now that no job holds it; None where a job has claimed
+    the uid since (its processes are that job's, not leftovers)."""
+    fd = _lock(uid)
+    if fd is None:
+        return None
+    try:
+        return [p.pid for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real == uid]
+    finally:
+        os.close(fd)
+
+
 def end_processes_of(uid: int, within_s: float = 60.0) -> list[int]:
     """SIGKILL every process running as a job's uid until none is left; the pids still there after
     `within_s`. The uid is the job's alone, so this reaches what the run's own stop cannot: bwrap

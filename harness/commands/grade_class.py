@@ -17,7 +17,8 @@ EXAMPLES = """examples:
   distlab grade-class submissions/ --rubric week4.toml --jobs 2
   distlab grade-class submissions/ --rerun alice                      # grade one student again
   distlab grade-class submissions/ --regrade --rubric week4-v2.toml   # new rubric, no training
-  distlab grade-class submissions/ --autograder gradescope.zip        # a Gradescope autograder bundle"""
+  distlab grade-class submissions/ --autograder gradescope.zip        # a Gradescope autograder bundle
+  distlab grade-class submissions/ --slurm --jobs 8 --sbatch-arg=--partition=cpu   # each a Slurm array task"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run submissions with the grader's rights (every page says so)")
     parser.add_argument("--lessons", help="where feedback links the lesson pages (default: this checkout)")
+    parser.add_argument("--slurm", action="store_true",
+                        help="grade each submission as a task of one Slurm job array, sandboxed on its node; the "
+                             "results folder must be shared with the nodes (run again to grade what failed)")
+    parser.add_argument("--sbatch-arg", action="append", metavar="ARG",
+                        help="--slurm: an sbatch option for the array, e.g. --sbatch-arg=--partition=cpu (repeatable)")
     parser.add_argument("--autograder", type=Path, metavar="ZIP",
                         help="write a Gradescope autograder bundle (setup.sh, run_autograder) and exit")
 
@@ -49,4 +55,5 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     return grade_class(ClassRequest(
         args.submissions, lab=args.lab, profile=args.profile, rubric=args.rubric, jobs=args.jobs,
         world_sizes=args.world_sizes, results=args.results, rerun=tuple(args.rerun), regrade=args.regrade,
-        sandbox="none" if args.no_sandbox else args.sandbox, lessons=args.lessons))
+        sandbox="none" if args.no_sandbox else args.sandbox, lessons=args.lessons, slurm=args.slurm,
+        sbatch_args=list(args.sbatch_arg or [])))

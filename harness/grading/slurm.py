@@ -167,10 +167,10 @@ def submit(folder: Path, grade_plan: GradePlan, done: dict[Cell, list[Sample]],
                                               for _ in range(grade_plan.runs(lab)))
 
 
-def task_state(folder: Path, job_id: str, index: int) -> dict[str, str]:
+def task_state(folder: Path, job_id: str, index: int, task: str = "cell") -> dict[str, str]:
     """Array task `index`'s row in sacct: as JOB_INDEX where slurmdbd keeps accounting, else by the
-    task's own job id (what the task wrote first); {} where neither is known."""
-    jobid_file = folder / f"cell-{index}.jobid"
+    task's own job id (what the task wrote first, as `<task>-<index>.jobid`); {} where neither is known."""
+    jobid_file = folder / f"{task}-{index}.jobid"
     own = jobid_file.read_text().strip() if jobid_file.exists() else ""
     for wanted in filter(None, (f"{job_id}_{index}", own)):
         for row in sacct(wanted):

@@ -1,0 +1,186 @@
+"""A class's jobs as one Slurm job array (`distlab grade-class --slurm`): each submission a task.
+
+A job starts the same way wherever it runs (`start_job`): the class's pool starts it on this host,
+an array task starts it on its node in a pool of one, so each submission is graded exactly as
+locally: the job process of job.py, its sandbox on that node, the grader side's deadline and
+cgroup (pool.py). The class's folder must be on a filesystem the nodes share, and the installation
+at the same path, as `distlab grade --slurm` assumes (grading/slurm.py). The submitting side waits
+(`sbatch --wait`), then takes each task's end as the pool's (classroom.finish_job). A task killed,
+preempted or out of time leaves its job without observations.json, so the same command grades
+only those again.
+
+    <class>/slurm/<stamp>-ws<N>-<profile>/
+        jobs.txt                 one job.json a line: task i grades line i
+        class-array.sbatch       the array
+        task-<i>.out, task-<i>.jobid, task-<i>.json (how its job ended), sacct.json (every task's row)
+
+    python -m harness.classgrade.cluster JOBS_FILE INDEX    # what each array task runs
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import pwd
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from harness.catalog import REPO
+from harness.classgrade import sandbox
+from harness.classgrade.pool import STOP_GRACE_S, Ended, Pool, job_deadline_s
+from harness.console import console
+from harness.files import write_json
+from harness.grading.plan import GradePlan
+from harness.grading.slurm import task_state
+from harness.run.run_dir import new_run_dir
+from harness.usage import UsageError
+
+JOBS_FILE = "jobs.txt"
+SCRIPT_FILE = "class-array.sbatch"
+TASK = "task"  # the array's files: task-<i>.out, task-<i>.jobid, task-<i>.json
+
+
+def start_job(pool: Pool, slot: int, job: dict[str, Any]) -> None:
+    """The job's process started on `slot`: by the class's pool on this host, or by an array task on its node."""
+    for name in (sandbox.job_cgroup_name(job), f"{sandbox.job_cgroup_name(job)}-grader"):
+        sandbox.Cgroup.remove_named(name)  # an earlier grade of it killed (on this host) before its clean-up
+    env = dict(os.environ)
+    if job["gpus"] is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job["gpus"]))
+    pool.start(slot, job["id"], Path(job["folder"]) / "job.json", env, deadline_s=job["deadline_s"],
+               cgroup_name=f"{sandbox.job_cgroup_name(job)}-grader")
+
+
+def array_name(folder: Path) -> str:
+    """The array's job name, unique to its folder: what a stop cancels it by."""
+    return "distlab-class-" + hashlib.sha256(str(folder).encode()).hexdigest()[:12]
+
+
+def array_script(folder: Path, tasks: int, at_once: int, cpus: int, gpus: int, time_limit_s: float,
+                 sbatch_args: list[str]) -> str:
+    """The job array: task i grades the job on line i of the jobs file, on one node, with a CPU per rank
+    and thread (a GPU per rank on a GPU profile), at most `at_once` tasks at a time."""
+    minutes = max(1, int(time_limit_s // 60) + 1)
+    gres = f"#SBATCH --gres=gpu:{gpus}\n" if gpus else ""
+    extra = "".join(f"#SBATCH {shlex.quote(arg)}\n" for arg in sbatch_args)
+    where = shlex.quote(str(folder))
+    return f"""#!/usr/bin/env bash
+# distlab grade-class on Slurm: one array task per submission, each graded on its node as on one host,
+# in its sandbox (written by distlab grade-class --slurm; task i grades line i of {JOBS_FILE}).
+#SBATCH --job-name={array_name(folder)}
+#SBATCH --array=0-{tasks - 1}%{at_once}
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --cpus-per-task={cpus}
+{gres}#SBATCH --time={minutes}
+#SBATCH --output={where}/{TASK}-%a.out
+{extra}set -euo pipefail
+# The task's own job id, for sacct: a completion log (jobcomp, no slurmdbd) knows tasks only by it.
+echo "$SLURM_JOB_ID" > {where}/{TASK}-"$SLURM_ARRAY_TASK_ID".jobid
+cd {shlex.quote(str(REPO))}  # where the pool starts a job: python -m harness.classgrade.job
+exec {shlex.quote(sys.executable)} -m harness.classgrade.cluster {shlex.quote(str(folder / JOBS_FILE))} \\
+  "$SLURM_ARRAY_TASK_ID"
+"""
+
+
+def run_array(class_dir: Path, job_paths: list[Path], grade_plan: GradePlan, at_once: int,
+              sbatch_args: list[str]) -> list[Ended]:
+    """Each job a task of one array, submitted and waited for; how each job ended, a task that brought
+    nothing back (killed, preempted, out of time, never started) with its Slurm state as the reason.
+    A stop (KeyboardInterrupt: Ctrl-C, or SIGTERM raised as it) cancels the array, then is raised again."""
+    ranks = max(ws for _, ws in grade_plan.cells())
+    folder = new_run_dir(class_dir, "slurm", ranks, grade_plan.profile.name)
+    (folder / JOBS_FILE).write_text("".join(f"{path}\n" for path in job_paths))
+    script = array_script(folder, len(job_paths), min(at_once, len(job_paths)),
+                          cpus=ranks * (grade_plan.profile.threads_per_rank or 1),
+                          gpus=ranks if grade_plan.profile.on_gpus else 0,
+                          time_limit_s=job_deadline_s(grade_plan) + STOP_GRACE_S, sbatch_args=sbatch_args)
+    (folder / SCRIPT_FILE).write_text(script)
+    sbatch = subprocess.Popen(["sbatch", "--parsable", "--wait", str(folder / SCRIPT_FILE)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        out, err = sbatch.communicate()
+    except KeyboardInterrupt:
+        cancel(folder)
+        sbatch.kill()
+        sbatch.wait()
+        raise
+    job_id = out.strip().split(";")[0]
+    if not job_id:
+        raise UsageError(f"sbatch refused the class's array job: {err.strip() or sbatch.returncode} "
+                         f"(the array: {folder / SCRIPT_FILE})")
+    (folder / "array.jobid").write_text(f"{job_id}\n")
+    console.print(f"Slurm job array {job_id}: {len(job_paths)} task(s) ended (sbatch exit {sbatch.returncode})",
+                  markup=False)
+    states = {index: task_state(folder, job_id, index, task=TASK) for index in range(len(job_paths))}
+    write_json(folder / "sacct.json", states)
+    return [_ended(folder, job_id, index, path, states[index]) for index, path in enumerate(job_paths)]
+
+
+def cancel(folder: Path) -> None:
+    """Every task of the array, cancelled by its name: sbatch --wait, its output a pipe, may not have
+    shown the job's id before it exits."""
+    subprocess.run(["scancel", f"--name={array_name(folder)}", f"--user={pwd.getpwuid(os.getuid()).pw_name}"],
+                   capture_output=True, timeout=60)
+    console.print(f"cancelled the class's Slurm job array ({array_name(folder)})", markup=False)
+
+
+def _ended(folder: Path, job_id: str, index: int, job_path: Path, row: dict[str, str]) -> Ended:
+    written = folder / f"{TASK}-{index}.json"
+    if written.is_file():
+        return Ended(**json.loads(written.read_text()))
+    student = json.loads(job_path.read_text())["id"]
+    return Ended(student, 1, f"its Slurm task {job_id}_{index} ended {row.get('State', 'without accounting')} "
+                             f"(exit {row.get('ExitCode', '?')}) before its job did; see {folder}/{TASK}-{index}.out. "
+                             "The same grade-class --slurm grades it again")
+
+
+def run_task(jobs_file: Path, index: int) -> int:
+    """One array task: the job on line `index` of `jobs_file` graded on this node by a pool of one; how it
+    ended written beside the jobs file (by rename: never read half written). Stopped (scancel, preemption,
+    the time limit), the job is stopped as the pool stops it and nothing is written: the job stays un-done."""
+    job_path = Path(jobs_file.read_text().splitlines()[index])
+    job = json.loads(job_path.read_text())
+    granted = os.environ.get("SLURM_JOB_GPUS")
+    if job["gpus"] is not None and granted:  # the GPUs Slurm granted this task, by the node's own indices
+        job["gpus"] = [int(gpu) for gpu in granted.split(",")][:len(job["gpus"])]
+        write_json(job_path, job)
+    pool = Pool(1, job["sandboxed"])
+    start_job(pool, 0, job)
+    process = pool.running[0].process
+    ended: list[Ended] = []
+    try:
+        while not ended:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=job["deadline_s"])  # None: until it ends
+            ended = pool.finished()  # its end, or its deadline passed: ended by the pool, which says why
+    except KeyboardInterrupt:
+        pool.stop()
+        return 128 + signal.SIGTERM
+    write_json(jobs_file.parent / f"{TASK}-{index}.json", dataclasses.asdict(ended[0]))
+    return 0
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # Slurm's SIGTERM: run_task stops the job as the pool does
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or not argv[1].isdigit():
+        print("usage: python -m harness.classgrade.cluster JOBS_FILE INDEX (what grade-class --slurm's array "
+              "tasks run)", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _stop)
+    return run_task(Path(argv[0]), int(argv[1]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
