@@ -37,7 +37,7 @@ from harness.console import console
 from harness.files import write_json
 from harness.grading.judge import judge
 from harness.grading.plan import GradePlan
-from harness.grading.slurm import check_submit_host
+from harness.run.slurm_array import check_submit_host
 from harness.usage import UsageError
 from harness.verdict import profiles
 from harness.verdict.pairing import reference_rates
@@ -181,8 +181,7 @@ class Classroom:
 
 def open_class(request: ClassRequest) -> Classroom:
     """The class the request names, every refusal (one line each) before anything is written."""
-    if request.slurm:
-        check_submit_host(request.sbatch_args)
+    check_submit_host(request.slurm, request.sbatch_args)
     if not request.submissions.is_dir():
         raise UsageError(f"submissions folder {request.submissions} does not exist "
                          "(one folder or .py file per student)")

@@ -21,6 +21,7 @@ from harness.grading.execute import execute
 from harness.grading.judge import Grade, run_grade
 from harness.grading.plan import GradePlan
 from harness.report import pages
+from harness.run import slurm_array
 from harness.run.launch import dry_run
 from harness.run.run_dir import new_run_dir
 from harness.verdict.verdicts import unjudged
@@ -86,8 +87,7 @@ def report(grade: Grade, as_json: bool = False) -> int:
 
 def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     """`distlab grade`: plan, execute, judge, report."""
-    if args.slurm:
-        slurm.check_submit_host(args.sbatch_arg or [])
+    slurm_array.check_submit_host(args.slurm, args.sbatch_arg or [])
     grade_plan = grade_options.plan_from(args, args.profile)
     if args.slurm:
         array = slurm.prepare(grade_plan, list(args.sbatch_arg or []))
