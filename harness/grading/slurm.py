@@ -62,8 +62,8 @@ def array_script(spec: dict[str, Any], threads: int, time_limit_s: float, sbatch
     return f"""#!/usr/bin/env bash
 # distlab grade on Slurm: one array task per cell, each on one node (written by distlab grade --slurm).
 {table}
-{head}exec {shlex.quote(sys.executable)} -m harness.grading.slurm cell {shlex.quote(spec["folder"] + "/" + SPEC_FILE)} \\
-  "$SLURM_ARRAY_TASK_ID"
+{head}exec {shlex.quote(sys.executable)} -m harness.grading.slurm cell \\
+  {shlex.quote(spec["folder"] + "/" + SPEC_FILE)} "$SLURM_ARRAY_TASK_ID"
 """
 
 
