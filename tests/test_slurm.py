@@ -269,7 +269,8 @@ def test_grade_class_on_slurm_grades_again_only_the_task_killed_mid_run(tmp_path
     (third,) = [folder for folder in class_dir.glob("slurm/*") if folder not in (array, second)]
     grader.send_signal(signal.SIGTERM)
     stopped = grader.communicate(timeout=120)[0]
-    assert grader.returncode in (130, 143) and "cancelled the Slurm job array distlab-class-" in stopped, stopped[-3000:]
+    assert grader.returncode in (130, 143), stopped[-3000:]
+    assert "cancelled the Slurm job array distlab-class-" in stopped, stopped[-3000:]
     cancelled = time.monotonic()
     while _array_tasks(third, env):  # cancelled: Slurm ends the task (SIGTERM, SIGKILL after KillWait)
         assert time.monotonic() - cancelled < 120, _array_tasks(third, env)

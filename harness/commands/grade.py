@@ -51,9 +51,10 @@ def show_plan(grade_plan: GradePlan) -> None:
              f"{profile.description}", f"{len(grade_plan.cells())} cell(s) x {grade_plan.repeats} repeat(s)"]
     for lab, ws in grade_plan.cells():
         reference = grade_plan.reference(lab, ws)
-        if reference:
+        reference_request = grade_plan.reference_request(lab, ws)
+        if reference and reference_request:
             when = "before each run and after the last" if grade_plan.bracketed(lab) else "before each run"
-            command = dry_run(grade_plan.reference_request(lab, ws))
+            command = dry_run(reference_request)
             lines.append(f"{reference.name} for {lab} ws={ws}, {when}: {command}")
         lines.append(f"{lab} ws={ws} x {grade_plan.runs(lab)}: {dry_run(grade_plan.request(lab, ws))}")
     sys.stdout.write("\n".join(lines) + "\n")

@@ -80,7 +80,7 @@ def _stops_raised() -> Iterator[None]:
     """SIGTERM and SIGHUP raised as RunStopped (a KeyboardInterrupt, as Ctrl-C already is) while the
     array is waited for: whichever way the grader is stopped, the array is cancelled. Main thread only
     (the only one Python delivers signals to)."""
-    previous: dict[int, Any] = {}
+    previous: dict[signal.Signals, Any] = {}
 
     def stop(signum: int, _frame: object) -> None:
         raise RunStopped(signum)
