@@ -103,7 +103,9 @@ def observed_sample(result: RunResult, exp: LabExpectation, request: RunRequest,
     checks = data_parallel.checks(seen, request.backend, request.world_size,
                                   train_set_size=measurement.get("train_size"),
                                   checkpoints=measurement.get("checkpoints"))
-    tolerance = accuracy_claim_tolerance(measurement.get("total"), measurement.get("precision"))
+    # In the precision the program evaluated in, as observed: its own bf16 autocast too, whatever the flag.
+    tolerance = accuracy_claim_tolerance(measurement.get("total"),
+                                         observations.evaluated_precision(seen, measurement.get("precision")))
     checks += data_parallel.compare_claims(result.record, checks, measurement.get("accuracy"), tolerance,
                                            measured_img_per_sec=sample.measured.get("img_per_sec"),
                                            own_models=own_model_claims(measurement.get("own_models")))
