@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -254,16 +255,27 @@ def test_init_without_a_backend_passes_and_its_bf16_evaluation_is_seen(tmp_path)
     assert observations.evaluated_precision(seen, "fp32") == "bf16"
 
 
-SPAWNS_UNDER_TORCHRUN = [("def main() -> None:\n", "def main(_index: int = 0) -> None:\n"),
-                         ('if __name__ == "__main__":\n    main()',
+# The tutorial's multigpu.py started by torchrun: each launched rank spawns a world of its own, whose
+# ranks take their numbers from mp.spawn and its port hard-coded (here the test's free port): the two
+# worlds collide on it, and the first rank to find it taken fails the run at once.
+SPAWNS_UNDER_TORCHRUN = [('if __name__ == "__main__":\n    main()',
+                          'def spawned(index):\n'
+                          '    os.environ.update(RANK=str(index), LOCAL_RANK=str(index), WORLD_SIZE="2",\n'
+                          '                      MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["HARD_CODED_PORT"])\n'
+                          '    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)\n'
+                          '    main()\n\n\n'
                           'if __name__ == "__main__":\n    import torch.multiprocessing as mp\n\n'
-                          '    mp.spawn(main, nprocs=2)')]
+                          '    mp.spawn(spawned, nprocs=2)')]
 
 
 @pytest.mark.integration
 def test_mp_spawn_inside_a_torchrun_rank_is_named_with_the_fix(tmp_path):
     program = mutant(tmp_path, SPAWNS_UNDER_TORCHRUN)
-    done = torchrun(program, tmp_path, 2, "--timeout", "60")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = torchrun(program, tmp_path, 2, "--timeout", "20", HARD_CODED_PORT=str(port))
+    assert done.returncode != 0  # the worlds collide
     seen = observations.load(tmp_path / "observe")
     assert {note["launcher"] for note in seen.spawned} == {"torchrun"}, (done.stdout[-2000:], done.stderr[-2000:])
     check = data_parallel.check_process_group(seen, "gloo", 2)

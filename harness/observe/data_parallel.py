@@ -393,12 +393,12 @@ def parameters_apart_because(ranks: list[RankObservation]) -> str:
                    and r.process_groups[-1].get("api") == "torch.distributed"]
     unwrapped = [r.rank for r in torch_ranks if not r.libraries.get("ddp_wraps")]
     if unwrapped:
-        return (f"no DistributedDataParallel wrap was seen on rank {_join(unwrapped)}: nothing averaged the "
+        return (f"no DistributedDataParallel wrap was seen on rank {_join(unwrapped, ' and ')}: nothing averaged the "
                 "gradients; wrap the model in DDP before training (or all-reduce the gradients before each step)")
     no_sync = [r.rank for r in torch_ranks
                if r.optimizer_steps and r.libraries.get("steps_in_no_sync") == r.optimizer_steps]
     if no_sync:
-        return (f"every optimizer step on rank {_join(no_sync)} was taken inside DDP's no_sync(): DDP never "
+        return (f"every optimizer step on rank {_join(no_sync, ' and ')} was taken inside DDP's no_sync(): DDP never "
                 "all-reduced a gradient; under no_sync only accumulate, and run the last micro-batch's backward and "
                 "the step outside it")
     return ""

@@ -103,8 +103,9 @@ class RankObservation:
 
     @property
     def saves_after_training(self) -> list[dict[str, Any]]:
-        """Its torch.saves once it had taken an optimizer step (every save, in a version-1 file)."""
-        return [save for save in self.saves if save.get("steps", 1) > 0]
+        """Its saves of the model once it had taken an optimizer step (every save, in a version-1 file;
+        a save the observer saw hold no model state, such as Accelerate's RNG states per rank, left out)."""
+        return [save for save in self.saves if save.get("steps", 1) > 0 and save.get("model_state", True)]
 
 
 @dataclass

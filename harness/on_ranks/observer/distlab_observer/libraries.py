@@ -24,6 +24,7 @@ Every hook calls the program's function unchanged and notes after; a failure is 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 from typing import Any
@@ -37,6 +38,7 @@ LAUNCHED_BY = (("TORCHELASTIC_RUN_ID", "torchrun"), ("OMPI_COMM_WORLD_RANK", "mp
 # The modules whose save functions write checkpoints without torch.save to a path.
 LIGHTNING_IO = ("lightning.fabric.utilities.cloud_io", "lightning_fabric.utilities.cloud_io")
 SAFETENSORS = "safetensors.torch"
+_os_replace = os.replace  # the real one, taken before the observer follows renames
 
 
 class Libraries:
@@ -61,7 +63,8 @@ class Libraries:
     def on_torch(self, torch: Any) -> None:
         guard = self.observer.guard
         for what, hook in (("DDP hook", self._hook_ddp), ("spawn hook", self._hook_spawn),
-                           ("compile hook", self._hook_compile), ("step hook", self._hook_steps)):
+                           ("compile hook", self._hook_compile), ("step hook", self._hook_steps),
+                           ("save contents hook", self._hook_save_contents)):
             guard(what, hook, torch)
 
     def _hook_ddp(self, torch: Any) -> None:
@@ -101,9 +104,10 @@ class Libraries:
         # Written now: the spawned world may fail (its port taken by another rank's) before any exit handler.
         directory = self.observer.directory
         os.makedirs(directory, exist_ok=True)
-        from .observer import _json_bytes, _write_atomically
-
-        _write_atomically(os.path.join(directory, SPAWN_FILE.format(pid=os.getpid())), _json_bytes(note))
+        path = os.path.join(directory, SPAWN_FILE.format(pid=os.getpid()))
+        with open(f"{path}.tmp", "w") as out:
+            json.dump(note, out)
+        _os_replace(f"{path}.tmp", path)
 
     def _hook_compile(self, torch: Any) -> None:
         original = torch.compile
@@ -136,6 +140,56 @@ class Libraries:
                              for p in params):
             return  # a sharded parameter holds this rank's shard: digests differ by design
         self.first_step_params = state_digest({str(i): p.detach().cpu() for i, p in enumerate(params)})
+
+    def _hook_save_contents(self, torch: Any) -> None:
+        """Around the observer's torch.save hook: whether what was saved holds the trained model's state
+        (a rank saving its RNG states, as Accelerate's save_state does, saved no model)."""
+        inner = torch.serialization.save
+
+        @functools.wraps(inner)
+        def save(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            before = len(self.observer.saves)
+            result = inner(obj, *args, **kwargs)
+            self._mark_saved(before, obj)
+            return result
+
+        torch.serialization.save = save
+        if torch.save is inner:
+            torch.save = save
+
+    def _mark_saved(self, before: int, obj: Any) -> None:
+        if len(self.observer.saves) > before:
+            holds = self.observer.guard("save contents", self._holds_model_state, obj)
+            if holds is not None:
+                self.observer.saves[-1]["model_state"] = holds
+
+    def _holds_model_state(self, obj: Any) -> bool | None:
+        """Whether `obj` holds at least half of the trained model's state: its tensors themselves (a
+        state_dict shares their storage) or tensors under the model's names, one prefix allowed
+        ("module.", Lightning's "model."). None: no model found yet."""
+        model = self.observer.model
+        if model is None:
+            return None
+        torch = self.observer.torch
+        names = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+        storages = {t.data_ptr() for t in (*model.parameters(), *model.buffers())}
+        found: set[str] = set()
+        shared = 0
+        stack = [(obj, 0)]
+        while stack:
+            value, depth = stack.pop()
+            items = value.items() if isinstance(value, dict) else enumerate(value) \
+                if isinstance(value, (list, tuple)) else ()
+            for key, item in items:
+                if isinstance(item, torch.Tensor):
+                    if isinstance(key, str):
+                        name = key if key in names else key.partition(".")[2]
+                        if name in names:
+                            found.add(name)
+                    shared += item.data_ptr() in storages
+                elif depth < 3 and isinstance(item, (dict, list, tuple)):
+                    stack.append((item, depth + 1))
+        return 2 * max(len(found), shared) >= len(names) > 0
 
     # ------------------------------------------------------------------------------------ the model
 
@@ -175,7 +229,10 @@ class Libraries:
         def save(*args: Any, **kwargs: Any) -> Any:
             result = original(*args, **kwargs)
             target = args[path_at] if len(args) > path_at else kwargs.get("filepath", kwargs.get("filename"))
+            before = len(self.observer.saves)
             self.observer.guard(f"{module.__name__}.{name}", self._note_path, target)
+            if args:
+                self._mark_saved(before, args[0])
             return result
 
         setattr(module, name, save)
