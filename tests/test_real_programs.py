@@ -24,6 +24,7 @@ a world-size-1 run without a group failed it; a passing run's torch warning gave
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -204,7 +205,9 @@ def test_crash_lessons_come_from_the_error_of_a_failed_run_only():
 
 def observed_env(observe_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "DISTLAB_OBSERVE_DIR"}
-    env.update({"PYTHONPATH": os.pathsep.join([str(OBSERVER), str(REPO), *extra.pop("PATHS", [])]),
+    # The observer first, as the runner puts it; then what the tests' own path holds (an extra installed there).
+    rest = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    env.update({"PYTHONPATH": os.pathsep.join([str(OBSERVER), str(REPO), *rest]),
                 "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "DISTLAB_OBSERVE_DIR": str(observe_dir), **extra})
     return env
 
@@ -295,3 +298,82 @@ def test_a_model_never_wrapped_in_ddp_is_named_as_the_cause(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     replicas = by_name(data_parallel.checks(observations.load(tmp_path / "observe"), "gloo", 2))["replicas_identical"]
     assert not replicas.passed and "no DistributedDataParallel wrap was seen on rank 0 and 1" in replicas.detail
+
+
+def frameworks(*names: str) -> pytest.MarkDecorator:
+    missing = [name for name in names if importlib.util.find_spec(name) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"{', '.join(missing)} not installed: the opt-in extra, "
+                                                    "pip install -e '.[frameworks]'")
+
+
+@pytest.mark.integration
+@frameworks("accelerate", "safetensors")
+def test_accelerates_program_passes_and_its_save_state_is_seen(tmp_path):
+    done = torchrun(REPO / "tests" / "programs" / "accelerate_program.py", tmp_path, 2,
+                    "--checkpoint", str(tmp_path / "ck.pt"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    seen = observations.load(tmp_path / "observe")
+    checks = by_name(data_parallel.checks(seen, "gloo", 2))
+    assert all(c.passed or c.lesson for c in checks.values()), {n: c.detail for n, c in checks.items() if not c.passed}
+    saved = {Path(save["path"]).name: save.get("model_state") for save in seen.ranks[0].saves}
+    assert saved.get("model.safetensors") is True, saved  # safetensors' save_file, not torch.save
+    # Every rank saves its own RNG states: not the model, so rank 1's BatchNorm statistics stay unused.
+    assert [save.get("model_state") for save in seen.ranks[1].saves] == [False], seen.ranks[1].saves
+
+
+@pytest.mark.integration
+@frameworks("lightning")
+def test_lightnings_trainer_passes_and_its_checkpoints_are_seen(tmp_path):
+    done = torchrun(REPO / "tests" / "programs" / "lightning_program.py", tmp_path, 2,
+                    "--checkpoint", str(tmp_path / "ck.pt"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    seen = observations.load(tmp_path / "observe")
+    checks = by_name(data_parallel.checks(seen, "gloo", 2))
+    assert all(c.passed or c.lesson for c in checks.values()), {n: c.detail for n, c in checks.items() if not c.passed}
+    writer = checks["one_writer_per_checkpoint"]
+    assert "rank 0: epoch=1-step=" in writer.detail, writer.detail  # ModelCheckpoint's file, through _atomic_save
+    assert not seen.ranks[1].saves
+
+
+# One process, one small model: the library hooks as the programs above call them, in seconds.
+HOOKED = """
+import os, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+dist.init_process_group(init_method="tcp://127.0.0.1:" + os.environ["PORT"], rank=0, world_size=1)
+model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+wrapped = DDP(module=model)  # by keyword, as Lightning calls it
+optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+loader = DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
+for (x,) in loader:  # training: one step outside no_sync, one inside
+    wrapped(x).sum().backward()
+    optimizer.step()
+    with wrapped.no_sync():
+        wrapped(x).sum().backward()
+        optimizer.step()
+next(iter(loader))  # a peek: no forward
+with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+    for (x,) in loader:
+        model(x)
+torch.save({"rng": torch.get_rng_state()}, os.environ["OUT"] + "/rng.pt")
+torch.save(model.state_dict(), os.environ["OUT"] + "/model.pt")
+dist.destroy_process_group()
+"""
+
+
+def test_the_library_hooks_see_ddp_no_sync_forwards_autocast_and_what_a_save_holds(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = subprocess.run([sys.executable, "-c", HOOKED], env=observed_env(tmp_path / "observe", PORT=str(port),
+                                                                           OUT=str(tmp_path)),
+                          cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = observations.load(tmp_path / "observe")
+    assert not seen.problems, seen.problems
+    rank = seen.ranks[0]
+    assert rank.libraries["ddp_wraps"] == 1 and rank.libraries["steps_in_no_sync"] == 2  # of 4 steps
+    assert rank.libraries["first_step_params_sha256"]
+    assert [(p.steps, p.forwards, p.autocast) for p in rank.passes] == [(4, 3, ()), (0, 0, ()), (0, 2, ("bfloat16",))]
+    assert rank.evaluated_precision == "bf16" and len(rank.evaluations_after_training) == 1
+    assert {Path(s["path"]).name: s["model_state"] for s in rank.saves} == {"rng.pt": False, "model.pt": True}

@@ -72,10 +72,10 @@ class Libraries:
         original = ddp.__init__
 
         @functools.wraps(original)
-        def __init__(module: Any, *args: Any, **kwargs: Any) -> None:
-            original(module, *args, **kwargs)
+        def __init__(wrapper: Any, /, *args: Any, **kwargs: Any) -> None:  # DDP(module=...) is a keyword too
+            original(wrapper, *args, **kwargs)
             self.ddp_wraps += 1
-            self.ddp_modules.append(module)
+            self.ddp_modules.append(wrapper)
 
         ddp.__init__ = __init__
 
