@@ -377,3 +377,26 @@ def test_the_library_hooks_see_ddp_no_sync_forwards_autocast_and_what_a_save_hol
     assert [(p.steps, p.forwards, p.autocast) for p in rank.passes] == [(4, 3, ()), (0, 0, ()), (0, 2, ("bfloat16",))]
     assert rank.evaluated_precision == "bf16" and len(rank.evaluations_after_training) == 1
     assert {Path(s["path"]).name: s["model_state"] for s in rank.saves} == {"rng.pt": False, "model.pt": True}
+
+
+def test_the_time_row_names_a_cold_compile_and_worker_start_up(tmp_path):
+    from harness.verdict import profiles, verdicts
+
+    # Rank 0: its first step ended 40 s after the pass began, the next each 1 s later; torch.compile was
+    # called. Rank 1: its DataLoader workers took 30 s to start.
+    epoch = {"started": 0.0, "step_times": [40.0, 41.0, 42.0, 43.0], "step_images": [8, 16, 24, 32]}
+    for rank, seen in ((0, {"compiled": True}), (1, {"compiled": False, "worker_start_seconds": 30.0})):
+        write_rank_observation(tmp_path, rank, optimizer_steps=4, loader_passes=[
+            {"loader": 0, "dataset_len": 64, "sampler": "DistributedSampler", "batches": 4, "steps": 4,
+             "batch_sizes": [8], "indices": [], **epoch}], libraries=libraries(**seen))
+    said = observations.start_up(observations.load(tmp_path), wall_seconds=60.0)
+    assert said.startswith("torch.compile's first step took 39.0 s more than a step on rank 0"), said
+    assert observations.start_up(observations.load(tmp_path), wall_seconds=600.0) == ""  # a small share: no word
+    (tmp_path / "rank.0.json").unlink()
+    said = observations.start_up(observations.load(tmp_path), wall_seconds=60.0)
+    assert said.startswith("DataLoader workers took 30.0 s to start on rank 1") and "persistent_workers" in said
+    # The time row says it where the budget is exceeded.
+    exp = profiles.LabExpectation(lab="ddp", world_sizes=[2], time_budget_s=50.0)
+    slow = verdicts.Sample(str(tmp_path), "ok", None, 60.0, None, start_up=said)
+    row = next(v for v in verdicts.evaluate_cell(exp, 2, [slow]) if v.check == "time")
+    assert row.passed is False and row.detail.endswith(f"; of it, {said}"), row.detail

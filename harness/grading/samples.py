@@ -58,7 +58,9 @@ def timed(result: RunResult, metric_name: str) -> Sample:
     sample = sample_of(result)
     observe_dir = result.run_dir / OBSERVE_DIR
     if metric_name == "img_per_sec" and observe_dir.is_dir() and not tampers_with_the_grader(sample.untrusted):
-        sample.measured[metric_name] = rate = observations.throughput(observations.load(observe_dir))
+        seen = observations.load(observe_dir)
+        sample.measured[metric_name] = rate = observations.throughput(seen)
+        sample.start_up = observations.start_up(seen, sample.wall_seconds)
         if rate is None:
             sample.measure_errors[metric_name] = (
                 f"no rank was seen training past its first {observations.WARMUP_STEPS} optimizer steps (the warm-up, "

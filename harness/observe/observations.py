@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,32 @@ def evaluated_precision(observations: Observations, flag: str | None) -> str | N
     if seen is None or (flag in PRECISIONS and PRECISIONS.index(flag) >= PRECISIONS.index(seen)):
         return flag
     return seen
+
+
+START_UP_SHARE = 0.1  # of a run's wall time: start-up costing less is not worth a word beside the time budget
+
+
+def start_up(observations: Observations, wall_seconds: float) -> str:
+    """What took the run's time before training proper, where the observer can tell and it is
+    START_UP_SHARE of the wall time or more: DataLoader workers starting (libraries.py times each
+    multi-process loader iterator's start), and a cold torch.compile (the first step's time beyond a
+    typical step's, where torch.compile was called). "" where nothing such was seen."""
+    said = []
+    for rank in (observations.ranks[r] for r in sorted(observations.ranks)):
+        workers = float(rank.libraries.get("worker_start_seconds") or 0.0)
+        if workers >= START_UP_SHARE * wall_seconds:
+            said.append((workers, f"DataLoader workers took {workers:.1f} s to start on rank {rank.rank} (each "
+                                  "epoch's iterator starts them again: persistent_workers=True starts them once, "
+                                  "and fewer num_workers start sooner)"))
+        first = next((p for p in rank.training_epochs if p.started is not None and len(p.step_times) >= 3), None)
+        if rank.libraries.get("compiled") and first is not None:
+            steps = sorted(b - a for a, b in pairwise(first.step_times))
+            cold = first.step_times[0] - first.started - steps[len(steps) // 2] - \
+                (workers if first is rank.training_epochs[0] else 0.0)
+            if cold >= START_UP_SHARE * wall_seconds:
+                said.append((cold, f"torch.compile's first step took {cold:.1f} s more than a step on rank "
+                                   f"{rank.rank} (a cold compile: a persistent cache, or compiling less, shortens it)"))
+    return max(said)[1] if said else ""
 
 
 def throughput(observations: Observations, warmup_steps: int = WARMUP_STEPS) -> float | None:

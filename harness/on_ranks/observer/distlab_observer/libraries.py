@@ -15,7 +15,9 @@ Each answers a question the grader is asked about real programs (issue 47):
   at the call, in a file of its own (SPAWN_FILE), since such a process may never take a step;
 - checkpoints written by Lightning (fabric's _atomic_save) and by safetensors (Accelerate's
   save_state and save_model): their saves are noted as torch.save's are;
-- torch.compile called (the time a cold compile takes is named beside the time budget).
+- torch.compile called, and the time DataLoader worker processes took to start (each multi-process
+  loader iterator's construction: it starts them and waits for their first batches): the time row
+  names them when they took the run's time.
 
 Every hook calls the program's function unchanged and notes after; a failure is the observer's
 (Observer.guard), never the program's.
@@ -27,6 +29,7 @@ import functools
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from .digests import state_digest
@@ -49,6 +52,7 @@ class Libraries:
         self.steps_in_no_sync = 0
         self.first_step_params: str | None = None
         self.compiled = False
+        self.worker_start_seconds = 0.0
         self.forward_hooked = False
         self.per_pass: dict[int, dict[str, Any]] = {}  # id(PassRecorder) -> forwards, autocast dtypes
 
@@ -64,7 +68,8 @@ class Libraries:
         guard = self.observer.guard
         for what, hook in (("DDP hook", self._hook_ddp), ("spawn hook", self._hook_spawn),
                            ("compile hook", self._hook_compile), ("step hook", self._hook_steps),
-                           ("save contents hook", self._hook_save_contents)):
+                           ("save contents hook", self._hook_save_contents),
+                           ("worker start hook", self._hook_worker_start)):
             guard(what, hook, torch)
 
     def _hook_ddp(self, torch: Any) -> None:
@@ -118,6 +123,20 @@ class Libraries:
             return original(*args, **kwargs)
 
         torch.compile = compile
+
+    def _hook_worker_start(self, torch: Any) -> None:
+        iterator = torch.utils.data.dataloader._MultiProcessingDataLoaderIter
+        original = iterator.__init__
+
+        @functools.wraps(original)
+        def __init__(loader_iter: Any, /, *args: Any, **kwargs: Any) -> None:
+            started = time.perf_counter()
+            try:
+                original(loader_iter, *args, **kwargs)
+            finally:
+                self.worker_start_seconds += time.perf_counter() - started
+
+        iterator.__init__ = __init__
 
     def _hook_steps(self, torch: Any) -> None:
         import importlib
@@ -251,4 +270,5 @@ class Libraries:
         passes = {str(i): self.per_pass[id(p)] for i, p in enumerate(self.observer.passes) if id(p) in self.per_pass}
         return {"ddp_wraps": self.ddp_wraps, "steps_in_no_sync": self.steps_in_no_sync,
                 "first_step_params_sha256": self.first_step_params, "compiled": self.compiled,
+                "worker_start_seconds": round(self.worker_start_seconds, 3),
                 "forwards_counted": self.forward_hooked, "passes": passes}
