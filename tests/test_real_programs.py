@@ -198,6 +198,8 @@ REDUCTION_ERROR = (
 def test_crash_lessons_come_from_the_error_of_a_failed_run_only():
     assert lessons.crash_lessons([FIND_UNUSED_WARNING]) == []  # torch's advice in a passing run's warning
     assert [key for key, _ in lessons.crash_lessons([REDUCTION_ERROR])] == ["unused_parameters"]
+    in_a_rank_log = "\n".join(f"[rank1]: {line}" for line in REDUCTION_ERROR.splitlines())  # torchrun's prefix
+    assert [key for key, _ in lessons.crash_lessons([in_a_rank_log])] == ["unused_parameters"]
 
 
 # ------------------------------------------------------------------------------------ the programs

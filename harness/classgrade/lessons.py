@@ -122,7 +122,7 @@ CLAIM = Lesson("The record claimed what the harness did not observe.", "Report w
 # Crash messages that name a pitfall: (pattern in the error a failed run ended with, lesson key, what
 # it says). The error's own words only: torch's warnings name find_unused_parameters in runs that pass.
 CRASHES = (
-    (re.compile(r"^\w*(Error|Exception)\b.*Expected to have finished reduction in the prior iteration", re.MULTILINE),
+    (re.compile(r"\w(?:Error|Exception): Expected to have finished reduction in the prior iteration"),
      "unused_parameters", "DDP stopped: 'Expected to have finished reduction in the prior iteration' "
                           "(parameters unused in a step)"),
 )
