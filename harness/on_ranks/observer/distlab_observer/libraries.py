@@ -36,8 +36,10 @@ from .digests import state_digest
 from .fileformat import SPAWN_FILE
 
 # Where a process learns it was started by a launcher as one rank of a world (labs/README.md, section 2).
+# Not SLURM_PROCID: a whole grade may run inside one Slurm task (grade-class --slurm), its ranks started
+# by torchrun or plain python there.
 LAUNCHED_BY = (("TORCHELASTIC_RUN_ID", "torchrun"), ("OMPI_COMM_WORLD_RANK", "mpirun"),
-               ("HOROVOD_RANK", "horovodrun"), ("PMI_RANK", "mpirun"), ("SLURM_PROCID", "srun"))
+               ("HOROVOD_RANK", "horovodrun"), ("PMI_RANK", "mpirun"))
 # The modules whose save functions write checkpoints without torch.save to a path.
 LIGHTNING_IO = ("lightning.fabric.utilities.cloud_io", "lightning_fabric.utilities.cloud_io")
 SAFETENSORS = "safetensors.torch"
