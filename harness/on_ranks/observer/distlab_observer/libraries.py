@@ -216,9 +216,9 @@ class Libraries:
 
     def model_found(self, model: Any) -> None:
         """Count the trained model's forwards per loader pass, with the autocast dtype they ran under."""
-        if model is None or self.forward_hooked or self.compiled:
-            return
         torch = self.observer.torch
+        if model is None or self.forward_hooked or self.compiled or isinstance(model, torch.jit.ScriptModule):
+            return  # a scripted module takes no Python hooks
         device_type = next((p.device.type for p in model.parameters()), "cpu")
 
         def forward_pre_hook(module: Any, args: Any) -> None:
