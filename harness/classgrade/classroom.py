@@ -106,7 +106,8 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
     samples = [s for runs in done.values() for s in runs]
     account = stored.get("sandbox") or {}
     outcome = outputs.Outcome(student.id, "graded", "", the_rubric.score(verdicts), verdicts, account,
-                              lessons.crash_lessons(_logs([_rebased(s.run_dir, job) for s in samples])),
+                              lessons.crash_lessons(_logs([_rebased(s.run_dir, job) for s in samples
+                                                               if s.status != "ok"])),
                               sandboxed=account.get("sandboxed", sandboxed), key=student.key,
                               mode=account.get("mode", ""))
     started = [s for s in samples if s.observed or ((s.record or {}).get("provenance") or {}).get("written_by")
