@@ -22,7 +22,29 @@ from conftest import write_rank_observation
 
 from harness import files
 from harness.catalog import REPO
-from harness.classgrade import outputs, pool, sandbox, submissions
+from harness.classgrade import outputs, pool, submissions
+from harness.classgrade.sandbox import cgroups
+from harness.classgrade.sandbox.bubblewrap import bwrap_argv
+from harness.classgrade.sandbox.cgroups import Cgroup
+from harness.classgrade.sandbox.limits import Limits
+from harness.classgrade.sandbox.monitor import folder_usage
+from harness.classgrade.sandbox.seccomp import (
+    _ALLOW,
+    _ERRNO,
+    _JEQ,
+    _JGE,
+    _JSET,
+    _LD_ABS,
+    _RET,
+    ARCHES,
+    CLONE_NEWUSER,
+    SYSCALLS,
+    X32_SYSCALL_BIT,
+    seccomp_fd,
+    seccomp_filter,
+)
+from harness.classgrade.sandbox.spec import Spec, base_read_only
+from harness.classgrade.sandbox.uid import FIRST_UID
 from harness.observe import observations
 from harness.report.pages import md_code
 from harness.run import launch
@@ -69,20 +91,20 @@ def test_a_folder_is_measured_past_path_max_without_following_a_link(tmp_path):
 
 
 def test_the_sandbox_breaches_on_size_entries_depth_and_what_it_cannot_measure(tmp_path):
-    limits = sandbox.Limits(output_bytes=1 << 20, files=5, depth=2)
+    limits = Limits(output_bytes=1 << 20, files=5, depth=2)
     (tmp_path / "a").mkdir()
-    assert sandbox.folder_usage(tmp_path, limits)[1] is None
+    assert folder_usage(tmp_path, limits)[1] is None
     (tmp_path / "a" / "b" / "c").mkdir(parents=True)
-    assert sandbox.folder_usage(tmp_path, limits)[1] == "depth"
+    assert folder_usage(tmp_path, limits)[1] == "depth"
     shutil.rmtree(tmp_path / "a")
     for n in range(6):
         (tmp_path / str(n)).write_text("")
-    assert sandbox.folder_usage(tmp_path, limits)[1] == "files"
+    assert folder_usage(tmp_path, limits)[1] == "files"
     for n in range(6):
         (tmp_path / str(n)).unlink()
     (tmp_path / "f").write_bytes(b"\1" * (2 << 20))
-    assert sandbox.folder_usage(tmp_path, limits)[1] == "output"
-    assert sandbox.folder_usage(tmp_path / "missing", limits)[1] == "unmeasurable"
+    assert folder_usage(tmp_path, limits)[1] == "output"
+    assert folder_usage(tmp_path / "missing", limits)[1] == "unmeasurable"
     assert "could not measure" in limits.breach("unmeasurable")
 
 
@@ -214,8 +236,8 @@ def test_a_sandboxed_launch_gets_only_the_environment_it_needs(tmp_path, monkeyp
 
 
 def test_of_the_checkout_the_sandbox_binds_the_harness_and_the_labs_only(tmp_path):
-    spec = sandbox.Spec(uid=sandbox.FIRST_UID, limits={}, read_only=sandbox.base_read_only(), hidden=[])
-    argv = sandbox.bwrap_argv(spec, str(tmp_path / "run"), ["true"], seccomp_fd=7)
+    spec = Spec(uid=FIRST_UID, limits={}, read_only=base_read_only(), hidden=[])
+    argv = bwrap_argv(spec, str(tmp_path / "run"), ["true"], seccomp_fd=7)
     bound = {argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "--ro-bind"}
     assert {str(REPO / "harness"), str(REPO / "labs")} <= bound
     assert str(REPO) not in bound and not any(path.startswith(str(REPO / ".git")) for path in bound)
@@ -230,37 +252,37 @@ def run_filter(program: bytes, arch: int, nr: int, arg0: int = 0) -> int:
     pc, acc = 0, 0
     for _ in range(len(steps) + 1):
         code, jt, jf, k = steps[pc]
-        if code == sandbox._LD_ABS:
+        if code == _LD_ABS:
             acc, pc = struct.unpack_from("=I", data, k)[0], pc + 1
-        elif code == sandbox._RET:
+        elif code == _RET:
             return k
         else:
-            taken = {sandbox._JEQ: acc == k, sandbox._JGE: acc >= k, sandbox._JSET: bool(acc & k)}[code]
+            taken = {_JEQ: acc == k, _JGE: acc >= k, _JSET: bool(acc & k)}[code]
             pc += 1 + (jt if taken else jf)
     raise AssertionError("the filter never returned")
 
 
-@pytest.mark.parametrize("machine", sorted(sandbox.ARCHES))
+@pytest.mark.parametrize("machine", sorted(ARCHES))
 def test_the_seccomp_filter_refuses_keyrings_and_user_namespaces_and_other_abis(machine):
-    program = sandbox.seccomp_filter(machine)
-    arch, column = sandbox.ARCHES[machine]
-    nr = {name: numbers[column] for name, numbers in sandbox.SYSCALLS.items()}
-    allow, eperm, enosys = sandbox._ALLOW, sandbox._ERRNO | errno.EPERM, sandbox._ERRNO | errno.ENOSYS
+    program = seccomp_filter(machine)
+    arch, column = ARCHES[machine]
+    nr = {name: numbers[column] for name, numbers in SYSCALLS.items()}
+    allow, eperm, enosys = _ALLOW, _ERRNO | errno.EPERM, _ERRNO | errno.ENOSYS
     for name in ("keyctl", "add_key", "request_key"):
         assert run_filter(program, arch, nr[name]) == eperm, name
-    assert run_filter(program, arch, nr["unshare"], sandbox.CLONE_NEWUSER) == eperm
+    assert run_filter(program, arch, nr["unshare"], CLONE_NEWUSER) == eperm
     assert run_filter(program, arch, nr["unshare"], 0x20000) == allow  # CLONE_NEWNS alone
-    assert run_filter(program, arch, nr["clone"], sandbox.CLONE_NEWUSER | 0x11) == eperm
+    assert run_filter(program, arch, nr["clone"], CLONE_NEWUSER | 0x11) == eperm
     assert run_filter(program, arch, nr["clone"], 0x3D0F00) == allow  # what pthread_create passes
     assert run_filter(program, arch, nr["clone3"]) == enosys  # libc then uses clone, which is checked
     assert run_filter(program, arch, 0) == allow and run_filter(program, arch, 59) == allow
     assert run_filter(program, 0x40000003, 288) == enosys  # i386's keyctl, through int 0x80
     if machine == "x86_64":
-        assert run_filter(program, arch, sandbox.X32_SYSCALL_BIT | 250) == enosys  # x32's
-    assert sandbox.seccomp_filter("riscv64") is None
+        assert run_filter(program, arch, X32_SYSCALL_BIT | 250) == enosys  # x32's
+    assert seccomp_filter("riscv64") is None
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0 or platform.machine() not in sandbox.ARCHES,
+@pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0 or platform.machine() not in ARCHES,
                     reason="needs bubblewrap, root and an architecture the filter knows")
 def test_under_the_filter_a_process_runs_but_keeps_no_key_and_makes_no_user_namespace(tmp_path):
     probe = ("import ctypes, os, subprocess, threading\n"
@@ -270,11 +292,11 @@ def test_under_the_filter_a_process_runs_but_keeps_no_key_and_makes_no_user_name
              "print('unshare', libc.unshare(0x10000000), os.strerror(ctypes.get_errno()))\n"
              "print('spawn', subprocess.run(['true']).returncode)\n"
              "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n")
-    probe %= sandbox.SYSCALLS["add_key"][sandbox.ARCHES[platform.machine()][1]]
-    fd = sandbox._seccomp_fd()
+    probe %= SYSCALLS["add_key"][ARCHES[platform.machine()][1]]
+    fd = seccomp_fd()
     try:
         done = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--seccomp", str(fd), "setpriv",
-                               f"--reuid={sandbox.FIRST_UID + 999}", f"--regid={sandbox.FIRST_UID + 999}",
+                               f"--reuid={FIRST_UID + 999}", f"--regid={FIRST_UID + 999}",
                                "--clear-groups", sys.executable, "-c", probe], pass_fds=(fd,), capture_output=True,
                               text=True, timeout=120)
     finally:
@@ -284,16 +306,16 @@ def test_under_the_filter_a_process_runs_but_keeps_no_key_and_makes_no_user_name
                                         "spawn 0", "thread"]
 
 
-@pytest.mark.skipif(platform.machine() not in sandbox.ARCHES, reason="no filter for this architecture")
+@pytest.mark.skipif(platform.machine() not in ARCHES, reason="no filter for this architecture")
 def test_without_bwrap_the_same_filter_is_loaded_by_prctl():
     """uid mode has no bwrap: the entering program loads the filter itself, for all it execs."""
     code = ("import ctypes, os, sys\n"
             f"sys.path.insert(0, {str(REPO)!r})\n"
-            "from harness.classgrade import sandbox\n"
+            "from harness.classgrade.sandbox.seccomp import ARCHES, SYSCALLS, load_seccomp\n"
             "libc = ctypes.CDLL(None, use_errno=True)\n"
-            "number = sandbox.SYSCALLS['add_key'][sandbox.ARCHES[os.uname().machine][1]]\n"
+            "number = SYSCALLS['add_key'][ARCHES[os.uname().machine][1]]\n"
             "print(libc.syscall(number, b'user', b'k', b'v', 1, -4) >= 0)\n"
-            "print(sandbox.load_seccomp())\n"
+            "print(load_seccomp())\n"
             "print(libc.syscall(number, b'user', b'k', b'v', 1, -4), os.strerror(ctypes.get_errno()))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.splitlines()[1:] == ["True", "-1 Operation not permitted"], done.stdout + done.stderr
@@ -302,13 +324,13 @@ def test_without_bwrap_the_same_filter_is_loaded_by_prctl():
 def test_a_cgroup_left_by_a_job_ended_before_its_clean_up_is_removed(tmp_path, monkeypatch):
     for kind in ("memory", "pids"):
         (tmp_path / kind).mkdir()
-    monkeypatch.setattr(sandbox, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(cgroups, "CGROUP_ROOT", tmp_path)
     removed = []
-    monkeypatch.setattr(sandbox.Cgroup, "remove", lambda self: removed.append(sorted(map(str, self.dirs.values()))))
-    sandbox.Cgroup.remove_named("class-ghost")
+    monkeypatch.setattr(Cgroup, "remove", lambda self: removed.append(sorted(map(str, self.dirs.values()))))
+    Cgroup.remove_named("class-ghost")
     assert removed == []  # none there: nothing to do
-    sandbox.Cgroup.create("class-left", sandbox.Limits())
-    sandbox.Cgroup.remove_named("class-left")
+    Cgroup.create("class-left", Limits())
+    Cgroup.remove_named("class-left")
     assert removed == [[str(tmp_path / "memory/distlab/class-left"), str(tmp_path / "pids/distlab/class-left")]]
 
 
@@ -359,13 +381,13 @@ HEADERS = {"x86_64": Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
            "aarch64": Path("/usr/include/asm-generic/unistd.h")}  # Linux's own tables (linux-libc-dev)
 
 
-@pytest.mark.parametrize("machine", sorted(sandbox.ARCHES))
+@pytest.mark.parametrize("machine", sorted(ARCHES))
 def test_the_filters_system_call_numbers_are_linuxs(machine):
     if not HEADERS[machine].is_file():
         pytest.skip(f"no {HEADERS[machine]} here (Debian's linux-libc-dev)")
     import re
 
     defined = dict(re.findall(r"#define __NR_(\w+) (\d+)", HEADERS[machine].read_text()))
-    column = sandbox.ARCHES[machine][1]
-    assert {name: numbers[column] for name, numbers in sandbox.SYSCALLS.items()} == \
-        {name: int(defined[name]) for name in sandbox.SYSCALLS}
+    column = ARCHES[machine][1]
+    assert {name: numbers[column] for name, numbers in SYSCALLS.items()} == \
+        {name: int(defined[name]) for name in SYSCALLS}

@@ -1,7 +1,7 @@
 """A class graded: every student's program, side by side, into a gradebook (`distlab grade-class`).
 
 Each submission (submissions.py) is graded as `distlab grade --program LAB=PATH` grades one, by a job
-process of its own (job.py) in the sandbox (sandbox.py), up to N at once (pool.py), or each a task of a
+process of its own (job.py) in the sandbox (sandbox/), up to N at once (pool.py), or each a task of a
 Slurm job array, on its node, graded there the same way (`--slurm`, cluster.py). The class's folder:
 
     <results>/class/<SUBMISSIONS name>/
@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.catalog import REPO, find_lab
-from harness.classgrade import cluster, lessons, outputs, rubric, sandbox
+from harness.classgrade import cluster, lessons, outputs, rubric
 from harness.classgrade import job as jobs
 from harness.classgrade.pool import Ended, Pool, default_jobs, gpus_of, job_deadline_s
+from harness.classgrade.sandbox import enter
+from harness.classgrade.sandbox.uid import closed_folder
 from harness.classgrade.submissions import Submission, find_submissions
 from harness.console import console
 from harness.files import write_json
@@ -192,11 +194,11 @@ def open_class(request: ClassRequest) -> Classroom:
         raise UsageError(f"no rubric ships for lab {request.lab}; give one with --rubric (format: {rubric.DEFAULT})")
     the_rubric = rubric.load(rubric_path)
     if request.sandboxed and not request.regrade:
-        refusal = sandbox.refusal(request.sandbox)
+        refusal = enter.refusal(request.sandbox)
         if refusal:
             raise UsageError(refusal)
     if request.sandbox == "uid" and not request.regrade:
-        closed = sandbox.closed_folder(request.results.resolve().parent)
+        closed = closed_folder(request.results.resolve().parent)
         if closed is not None:  # the job's uid reaches its run folders through every folder above them
             raise UsageError(f"--sandbox uid: the results folder lies below {closed}, which other users may not "
                              f"pass through (chmod o+x {closed}), or give --results a folder outside it")

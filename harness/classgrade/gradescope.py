@@ -142,13 +142,13 @@ def sandbox_mode() -> str:
     else "uid" (grade-class --sandbox uid: a uid of its own, its limits, the grader's files private)
     where it runs as root and a job's uid can run this Python, else "none" (--no-sandbox). Every page
     and results.json says which (extra_data.distlab.sandbox)."""
-    from harness.classgrade import sandbox
+    from harness.classgrade.sandbox import enter
 
     if os.geteuid() != 0:  # grade-class gives each job a uid and a cgroup of its own: root
         return "none"
-    if sandbox.refusal("bwrap") is None:
+    if enter.refusal("bwrap") is None:
         return "bwrap"
-    return "uid" if sandbox.refusal("uid") is None else "none"
+    return "uid" if enter.refusal("uid") is None else "none"
 
 
 SANDBOX_FLAGS = {"bwrap": ["--sandbox", "bwrap"], "uid": ["--sandbox", "uid"], "none": ["--no-sandbox"]}

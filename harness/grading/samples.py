@@ -27,7 +27,7 @@ from harness.verdict.verdicts import Sample
 
 # Of a run's folder, what the grader reads past its own files: the record and the observer's folder.
 READ_BY_THE_GRADER = ("record.json", f"{OBSERVE_DIR}/")
-INSPECT_ENTRIES = 100_000  # the sandbox stops a program at far fewer (classgrade/sandbox.Limits.files)
+INSPECT_ENTRIES = 100_000  # the sandbox stops a program at far fewer (classgrade/sandbox/limits.Limits.files)
 
 
 def inspect_run_dir(run_dir: Path) -> list[str]:
