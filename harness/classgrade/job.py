@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import stat
 import sys
 import time
@@ -32,12 +33,12 @@ from typing import Any
 from harness import files
 from harness.catalog import REPO
 from harness.classgrade import submissions
-from harness.classgrade.sandbox import enter
+from harness.classgrade.sandbox import enter, private
 from harness.classgrade.sandbox.cgroups import Cgroup, job_cgroup_name
-from harness.classgrade.sandbox.limits import Limits
+from harness.classgrade.sandbox.limits import Limits, size_text
 from harness.classgrade.sandbox.monitor import Monitor, denials
 from harness.classgrade.sandbox.spec import REPOSITORY_PARTS, Spec, base_read_only
-from harness.classgrade.sandbox.uid import claim_uid, end_processes_of
+from harness.classgrade.sandbox.uid import claim_uid, end_processes_of, remove_scratch
 from harness.console import printable
 from harness.grading import samples as run_samples
 from harness.grading.execute import execute
@@ -134,7 +135,7 @@ def forged_observations(run_dirs: list[Path], program_pids: set[int]) -> list[st
                          "switched off, or the program exited past Python's exit handlers)")
         for path in written:
             try:
-                pid = json.loads(files.read_regular_file(path, 64 << 20)).get("pid")
+                pid = files.read_json(path, 64 << 20).get("pid")
             except (OSError, ValueError, AttributeError):
                 found.append(f"{run_dir.name}/{OBSERVE_DIR}/{path.name} is not the observer's (unreadable)")
                 continue
@@ -158,7 +159,7 @@ def entries_left(done: dict[Cell, list[Sample]]) -> tuple[list[str], list[str]]:
 
 def _run_ok(run_dir: Path) -> bool:
     try:
-        return json.loads(files.read_regular_file(run_dir / "run.json", 1 << 20)).get("status") == "ok"
+        return files.read_json(run_dir / "run.json", 1 << 20).get("status") == "ok"
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -199,6 +200,7 @@ def run_job(job_path: Path) -> int:
     cgroup = monitor = None
     prefix: list[str] = []
     uid = claim = None
+    scratch: list[tuple[str, int]] = []  # uid mode: what it left in /tmp, /var/tmp, /dev/shm (removed)
     mode = job.get("sandbox_mode", "bwrap" if job["sandboxed"] else "none")
     if job["sandboxed"]:
         uid, claim = claim_uid()  # held until this process ends: the uid is this job's alone
@@ -214,7 +216,7 @@ def run_job(job_path: Path) -> int:
     done: dict[Cell, list[Sample]] = {}
     references: dict[Cell, list[Sample]] = {}
     if job["sandboxed"]:
-        monitor = Monitor(cgroup, folder / "runs", limits, job["program"])
+        monitor = Monitor(cgroup, folder / "runs", limits, job["program"], scratch_uid=uid if mode == "uid" else None)
         monitor.start()
     started = time.monotonic()
     try:
@@ -227,12 +229,18 @@ def run_job(job_path: Path) -> int:
             cgroup.remove()
         if uid is not None:
             end_processes_of(uid)  # nothing of it outlives the job
+            if mode == "uid":  # nothing of it reaches the next job of the uid either
+                scratch = remove_scratch(uid)
+                private.hand_back(folder, uid)
+                shutil.rmtree(folder / "submission", ignore_errors=True)
             os.close(claim)
     program_runs = _program_runs(done)
     if monitor is not None and any("timed out after" in (s.reason or "") for runs in done.values()
                                    for s in runs):
         monitor.breaches.append(limits.breach("wall"))  # the runner's watchdog ended it
     planted, left = entries_left(done)
+    left += [f"{printable(path)} outside its folder ({size_text(size)}, counted as its output, removed)"
+             for path, size in scratch]
     account = {"sandboxed": job["sandboxed"], "mode": mode, "cgroup": cgroup is not None,
                "breaches": monitor.breaches if monitor else [],
                "refusals": refusals(program_runs, job["hidden"], [job["submission"]]),

@@ -6,9 +6,11 @@ It runs as the grader, joins the cgroup, hands the run directory to the job's ui
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -72,11 +74,38 @@ def enter(argv: list[str]) -> None:
         os.chown(folder, spec.uid, spec.uid)  # the launcher's logs and the observer's files are written there
     if spec.mode == "uid":
         argv, env = uid.uid_argv(spec, run_dir, command)
-        load_seccomp()  # what bwrap's --seccomp does, here by prctl
         os.chdir(run_dir)  # as bwrap's --chdir: the program starts in its own folder
-        os.execvpe(argv[0], argv, env)
+        sys.exit(run_to_the_end(spec.uid, argv, env))
     tool = shutil.which("bwrap") or "bwrap"
     os.execv(tool, bubblewrap.bwrap_argv(spec, run_dir, command, tool, seccomp_fd=seccomp_fd()))
+
+
+def run_to_the_end(job_uid: int, argv: list[str], env: dict[str, str]) -> int:
+    """uid mode (no pid namespace ends the job's processes with the launcher): the command in a child,
+    under the seccomp filter; this process (the grader's, root) waits for it, then ends every process of
+    the job's uid before it exits itself. The run is accounted once this process has exited, so only
+    once nothing of the program runs: a process forking a new pid every 50 ms outlived its launcher by
+    seconds, alive while the grader accounted the run. Its exit code is the command's (128 + signal)."""
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child execs or exits at once
+        try:
+            for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(number, signal.SIG_DFL)
+            load_seccomp()  # what bwrap's --seccomp does, here by prctl
+            os.execvpe(argv[0], argv, env)
+        finally:
+            os._exit(127)
+
+    def forward(number: int, frame: object) -> None:  # the runner's stop, passed on to the launcher
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, number)
+
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(number, forward)
+    _, status = os.waitpid(child, 0)
+    uid.end_processes_of(job_uid)
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from typing import Any
 from harness.classgrade.sandbox.cgroups import Cgroup
 from harness.classgrade.sandbox.enter import HERE
 from harness.classgrade.sandbox.limits import Limits
+from harness.classgrade.sandbox.uid import scratch_left
 
 
 def folder_usage(folder: Path, limits: Limits) -> tuple[Any, str | None]:
@@ -36,9 +37,12 @@ class Monitor(threading.Thread):
     the observation files can be checked against the processes that really ran it."""
 
     def __init__(self, cgroup: Cgroup | None, folder: Path, limits: Limits, program: str,
-                 interval_s: float = 0.25) -> None:
+                 interval_s: float = 0.25, scratch_uid: int | None = None) -> None:
         super().__init__(daemon=True)
         self.cgroup, self.folder, self.limits, self.program = cgroup, folder, limits, program
+        # uid mode: the job's files in /tmp, /var/tmp, /dev/shm count as its output (uid.scratch_left)
+        self.scratch_uid = scratch_uid
+        self.peak_scratch_bytes = 0
         self.interval_s = interval_s
         self.breaches: list[str] = []
         self.program_pids: set[int] = set()  # pids as the sandbox numbered them (NSpid's last)
@@ -72,6 +76,12 @@ class Monitor(threading.Thread):
                 self.breaches.append(self.limits.breach("memory"))  # the kernel has ended the process already
             self._note_processes()
         usage, breach = folder_usage(self.folder, self.limits)
+        if self.scratch_uid is not None:
+            scratch = sum(size for _, size in scratch_left(self.scratch_uid))
+            self.peak_scratch_bytes = max(self.peak_scratch_bytes, scratch)
+            usage.bytes += scratch
+            if usage.bytes > self.limits.output_bytes:
+                breach = "output"
         self.peak_bytes = max(self.peak_bytes, usage.bytes)
         self.peak_entries = max(self.peak_entries, usage.entries)
         if breach is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -150,3 +152,46 @@ def end_processes_of(uid: int, within_s: float = 60.0) -> list[int]:
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.05)
+
+
+# Folders every uid may write (sticky, world-writable): a job's files there count against no limit of
+# its folder and outlive it, where the next job of the uid would read them (1 GiB in /var/tmp, 64 MiB in
+# /dev/shm were). The job's own TMPDIR is in its run folder (uid_argv); what it leaves here anyway is
+# charged to its output while it runs (monitor.py) and removed at its end.
+SCRATCH = ("/tmp", "/var/tmp", "/dev/shm")
+SCRATCH_DEPTH = 2  # world-writable folders inside them (/tmp/.X11-unix) are looked in too
+
+
+def scratch_left(job_uid: int, tops: tuple[str, ...] = SCRATCH) -> list[tuple[str, int]]:
+    """What the uid owns in the shared scratch folders (top-level entries, and those of world-writable
+    folders in them), with the disk each takes (a folder's whole tree, by descriptors)."""
+    from harness.files import tree_usage  # here: the entering program has only the standard library
+
+    found: list[tuple[str, int]] = []
+    folders = [(top, 1) for top in tops]
+    while folders:
+        folder, level = folders.pop()
+        with contextlib.suppress(OSError), os.scandir(folder) as listing:
+            for entry in listing:
+                with contextlib.suppress(OSError):
+                    info = entry.stat(follow_symlinks=False)
+                    if info.st_uid == job_uid:
+                        size = tree_usage(Path(entry.path)).bytes + info.st_blocks * 512 \
+                            if stat.S_ISDIR(info.st_mode) else info.st_blocks * 512
+                        found.append((entry.path, size))
+                    elif stat.S_ISDIR(info.st_mode) and info.st_mode & 0o002 and level < SCRATCH_DEPTH:
+                        folders.append((entry.path, level + 1))
+    return found
+
+
+def remove_scratch(job_uid: int, tops: tuple[str, ...] = SCRATCH) -> list[tuple[str, int]]:
+    """Every entry of the uid's in the scratch folders removed (a folder by shutil.rmtree, which walks
+    by descriptors and follows no link); what was removed and its size."""
+    left = scratch_left(job_uid, tops)
+    for path, _ in left:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    return left
