@@ -391,3 +391,254 @@ def test_the_filters_system_call_numbers_are_linuxs(machine):
     column = ARCHES[machine][1]
     assert {name: numbers[column] for name, numbers in SYSCALLS.items()} == \
         {name: int(defined[name]) for name in SYSCALLS}
+
+
+# ------------------------------------------------- the second round of hostile submissions (issue 45)
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"step_times": [NaN, 1.0]}', "NaN is not a number JSON allows"),
+    ('{"a": -Infinity}', "-Infinity is not a number JSON allows"),
+    ('{"pid": 1, "pid": 4242}', "the key 'pid' is given twice"),
+    ("[" * 100_000 + "]" * 100_000, "levels deep, more than the 64 allowed"),
+    (b'{"a": "\xff"}', "not UTF-8"),
+], ids=["nan", "infinity", "key-twice", "deep", "not-utf8"])
+def test_json_a_program_wrote_is_read_with_bounds_or_refused_by_name(text, message):
+    with pytest.raises(files.UntrustedJSON, match=message):
+        files.parse_json(text)
+
+
+def test_observations_with_a_nan_clock_or_nested_past_recursion_are_unreadable_never_a_crash(tmp_path):
+    """nan_clock.py and deep_observation.py: the observer's file read by the one bounded reader."""
+    nan = write_rank_observation(tmp_path / "nan", 0)
+    nan.write_text(nan.read_text().replace('"loader_passes": []', '"loader_passes": [{"step_times": [NaN]}]'))
+    assert "NaN" in nan.read_text()
+    deep = tmp_path / "deep" / "rank.0.json"
+    deep.parent.mkdir()
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    for folder in (nan.parent, deep.parent):
+        with pytest.raises(ValueError):
+            observations.read_rank_file(folder / "rank.0.json")
+        loaded = observations.load(folder)
+        assert loaded.ranks == {} and "rank.0.json unreadable (UntrustedJSON" in loaded.problems[0], loaded.problems
+
+
+def test_one_submission_that_cannot_be_judged_is_its_own_error_row_never_the_classs(tmp_path):
+    """What a job stored cannot be judged (a NaN where a number was, as an older grader stored it): that
+    row is "error", in words without the grader's paths; the class goes on."""
+    from harness.classgrade import classroom, rubric
+
+    (tmp_path / "week").mkdir()
+    shutil.copy(REPO / "tests/programs/ddp_program.py", tmp_path / "week" / "alice.py")
+    student = submissions.find_submissions(tmp_path / "week")[0]
+    folder = tmp_path / "results" / "jobs" / "alice"
+    folder.mkdir(parents=True)
+    (folder / "observations.json").write_text('{"done": {"ddp@2": [{"wall_seconds": NaN}]}, "references": {}}')
+    job = {"folder": str(folder), "lab": "ddp", "profile": "cpu-smoke", "world_sizes": [2], "program": "alice.py",
+           "submission": str(student.path), "gpus": None, "limits": {}}
+    room = classroom.Classroom(classroom.ClassRequest(tmp_path / "week"), rubric.load(rubric.DEFAULT), [student],
+                               {"alice": job}, None, 1)
+    outcome = room.outcome(student)
+    assert outcome.status == "error" and "could not judge what its runs left (UntrustedJSON)" in outcome.reason
+    assert str(tmp_path) not in outcome.reason and "/" not in outcome.reason
+    (folder / "job-error.txt").write_text("job exit code 1: RecursionError\n")
+    (folder / "observations.json").unlink()
+    room.outcomes.clear()
+    assert str(tmp_path) not in room.outcome(student).reason  # the grader's own failure: its log's path is staff's
+
+
+def test_rank_logs_are_gathered_by_descriptors_each_part_s_tail_only(tmp_path, monkeypatch):
+    """odd_rank_folder.py and sparse_logs.py: a folder named like no rank passed over, a link in place of
+    an attempt's folder never followed, a huge sparse log kept as its tail (here 1 MiB of a 16 MiB one)."""
+    from types import SimpleNamespace
+
+    from harness.run import output
+
+    monkeypatch.setattr(output, "RANK_LOG_BYTES", 1 << 20, raising=False)
+    attempt = tmp_path / "logs" / "run" / "attempt_0"
+    for rank in ("0", "1", "x", "7"):
+        (attempt / rank).mkdir(parents=True)
+        (attempt / rank / "stdout.log").write_text(f"rank {rank} says hello\n")
+    with open(attempt / "0" / "stderr.log", "wb") as sparse:
+        sparse.truncate(16 << 20)
+        sparse.seek(16 << 20)
+        sparse.write(b"the last line\n")
+    (tmp_path / "elsewhere" / "0").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "0" / "stdout.log").write_text("PLANTED-THROUGH-A-LINK\n")
+    (tmp_path / "logs" / "run" / "attempt_9").symlink_to(tmp_path / "elsewhere")
+    gathered = output.gather_rank_logs(SimpleNamespace(launcher="torchrun", world_size=2), tmp_path)
+    assert sorted(gathered) == [0, 1]  # no rank "x", none past the world size
+    zero = gathered[0].read_bytes()
+    assert b"rank 0 says hello" in zero and b"the last line\n" in zero and b"PLANTED" not in zero
+    assert len(zero) < (1 << 20) + 4096, len(zero)
+
+
+def test_a_class_folder_nested_past_path_max_is_made_private_by_descriptors(tmp_path):
+    """deep_path.py's run folder left in the results: closing the class to other users walks it whole
+    (a walk by paths stopped the class before any job), and a link in it is never followed."""
+    from harness.classgrade import gradescope
+
+    results, outside = tmp_path / "results", tmp_path / "outside.txt"
+    outside.write_text("not the class's\n")
+    os.chmod(outside, 0o644)
+    deep = results
+    deep.mkdir()
+    descriptor = os.open(deep, os.O_RDONLY)
+    for level in range(20):  # 20 x 250 characters: past PATH_MAX (4096)
+        name = f"{level:02d}" + "d" * 248
+        os.mkdir(name, dir_fd=descriptor)
+        inner = os.open(name, os.O_RDONLY, dir_fd=descriptor)
+        os.close(descriptor)
+        descriptor = inner
+    os.close(os.open("left.txt", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=descriptor))
+    os.symlink(outside, "link", dir_fd=descriptor)
+    gradescope.make_private(tmp_path / "source", results)
+    assert os.stat("left.txt", dir_fd=descriptor).st_mode & 0o777 == 0o640
+    os.close(descriptor)
+    assert os.stat(results).st_mode & 0o007 == 0 and os.stat(outside).st_mode & 0o777 == 0o644
+
+
+def test_a_link_in_place_of_the_observers_folder_is_tampering_and_never_read(tmp_path):
+    """links_observe.py: observe/ itself a link (to observations of another run), not only entries in it."""
+    from harness.grading import samples
+
+    elsewhere = tmp_path / "elsewhere"
+    write_rank_observation(elsewhere, 0)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "observe").symlink_to(elsewhere)
+    found = samples.inspect_run_dir(tmp_path / "run")
+    assert found == ["observe is a symbolic link"]
+    assert samples.tampers_with_the_grader(found) == found
+    loaded = observations.load(tmp_path / "run" / "observe")
+    assert loaded.ranks == {} and "symbolic link" in loaded.problems[0]
+
+
+def _claimed_uid():
+    from harness.classgrade.sandbox.uid import claim_uid
+
+    return claim_uid()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing files back from a job's uid needs root")
+def test_a_uid_jobs_folder_is_handed_back_to_root_and_closed_at_its_end(tmp_path):
+    """reads_classmate.py: the next job runs as the same uid; nothing the earlier one owned stays its own."""
+    from harness.classgrade.sandbox import private
+
+    job_uid, claim = _claimed_uid()
+    try:
+        run = tmp_path / "job" / "runs" / "r1"
+        run.mkdir(parents=True)
+        for path, mode in ((run / "rank.0.log", 0o644), (run / "program", 0o4755)):
+            path.write_text("x\n")
+            os.chown(path, job_uid, job_uid)
+            os.chmod(path, mode)
+        os.chown(run, job_uid, job_uid)
+        os.chmod(run, 0o777)
+        (run / "link").symlink_to("/etc/hostname")
+        os.chown(run / "link", job_uid, job_uid, follow_symlinks=False)
+        hostname = os.stat("/etc/hostname")
+        private.hand_back(tmp_path / "job", job_uid)
+        for path in (run, run / "rank.0.log", run / "program"):
+            info = os.stat(path)
+            assert (info.st_uid, info.st_gid) == (0, 0) and info.st_mode & 0o6007 == 0, (path, oct(info.st_mode))
+        assert os.lstat(run / "link").st_uid == 0 and os.stat("/etc/hostname") == hostname  # never followed
+    finally:
+        os.close(claim)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of another uid need root")
+def test_what_a_uid_job_leaves_in_the_shared_scratch_folders_is_found_sized_and_removed(tmp_path):
+    """leaves_scratch.py: /tmp, /var/tmp, /dev/shm (here a folder standing for them), and a world-writable
+    folder in them; another uid's files stay."""
+    from harness.classgrade.sandbox.uid import remove_scratch, scratch_left
+
+    job_uid, claim = _claimed_uid()
+    try:
+        shared = tmp_path / "shared"
+        (shared / "x11").mkdir(parents=True)
+        os.chmod(shared / "x11", 0o1777)
+        for path in (shared / "left.bin", shared / "x11" / "left.bin", shared / "kept.bin"):
+            path.write_bytes(b"\1" * (1 << 20))
+        os.chown(shared / "left.bin", job_uid, job_uid)
+        os.chown(shared / "x11" / "left.bin", job_uid, job_uid)
+        found = dict(scratch_left(job_uid, (str(shared),)))
+        assert set(found) == {str(shared / "left.bin"), str(shared / "x11" / "left.bin")}
+        assert all(size >= 1 << 20 for size in found.values())
+        remove_scratch(job_uid, (str(shared),))
+        assert sorted(p.name for p in shared.rglob("*.bin")) == ["kept.bin"]
+    finally:
+        os.close(claim)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="runs a command as a job's uid")
+def test_a_uid_run_ends_only_once_no_process_of_its_uid_is_left(tmp_path):
+    """fork_loop.py: a process forking a new pid every 50 ms, its parents exiting; the entering program
+    returns (and the run is accounted) only once none of the uid's processes is left."""
+    from harness.classgrade.sandbox.uid import processes_left
+
+    job_uid, claim = _claimed_uid()
+    loop = ("import os, time\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    while True:\n"
+            "        time.sleep(0.05)\n"
+            "        if os.fork():\n"
+            "            os._exit(0)\n"
+            "print('launched')\n")
+    code = ("import sys\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            "from harness.classgrade.sandbox.enter import run_to_the_end\n"
+            f"sys.exit(run_to_the_end({job_uid}, ['setpriv', '--reuid={job_uid}', '--regid={job_uid}', "
+            f"'--clear-groups', {sys.executable!r}, '-c', {loop!r}], dict(os.environ)))\n").replace(
+        "import sys\n", "import os, sys\n", 1)
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+        assert done.returncode == 0 and "launched" in done.stdout, done.stderr
+    finally:
+        os.close(claim)
+    assert processes_left(job_uid) == []
+
+
+def test_a_student_s_folder_and_program_of_one_name_are_refused_as_ambiguous(tmp_path):
+    """alice/ and alice.py: one key; the correct one's 16 became 9. Neither is graded, each says why."""
+    (tmp_path / "alice").mkdir()
+    shutil.copy(REPO / "tests/programs/ddp_program.py", tmp_path / "alice" / "train.py")
+    shutil.copy(REPO / "tests/programs/ddp_program.py", tmp_path / "alice.py")
+    (tmp_path / "bob.py").write_text("print('bob')\n")
+    found = submissions.find_submissions(tmp_path)
+    alices = [s for s in found if s.id == "alice"]
+    assert len(alices) == 2 and len({s.key for s in found}) == 3
+    for sub in alices:
+        assert sub.program is None and "ambiguous: alice/ and alice.py are both" in sub.problem, sub
+    assert next(s for s in found if s.id == "bob").problem == ""
+
+
+def test_bidirectional_overrides_are_shown_escaped_like_control_characters():
+    from harness.console import printable
+
+    text = "it wrote \u202eexe.txt\u2066 here\x1b[2J"
+    for shown in (printable(text), md_code(text), outputs.html_text(text)):
+        assert "\u202e" not in shown and "\u2066" not in shown and "\x1b" not in shown, shown
+        assert "\\u202e" in shown and "\\x1b" in shown
+
+
+def test_the_gradescope_runner_writes_privately_and_keeps_the_rubric_from_the_job(tmp_path):
+    """The rubric (with its hidden items, due date in) and the grade's log are the runner's alone (umask
+    077), whatever the container's umask: a job's uid read work/rubric.toml and printed it."""
+    root = tmp_path / "autograder"
+    source = root / "source"
+    (source / "distlab").parent.mkdir(parents=True)
+    (source / "distlab").symlink_to(REPO)
+    shutil.copy(REPO / "harness/classgrade/rubrics/ddp.toml", source / "rubric.toml")
+    (root / "submission").mkdir()
+    shutil.copy(REPO / "tests/programs/ddp_program.py", root / "submission" / "train.py")
+    (root / "submission_metadata.json").write_text(json.dumps({"assignment": {"due_date": "2030-01-01T00:00:00Z"}}))
+    (source / "autograder.json").write_text(json.dumps({"lab": "ddp", "rubric": "rubric.toml", "profile": "cpu-smoke",
+                                                        "lessons": "https://example.org/", "timeout_s": 1}))
+    done = subprocess.run([sys.executable, "-c", "import os, sys; os.umask(0o022); "
+                           f"sys.path.insert(0, {str(REPO)!r}); from harness.classgrade import gradescope; "
+                           f"sys.exit(gradescope.main([{str(source / 'autograder.json')!r}]))"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    work = root / "work"
+    for written in (work / "rubric.toml", work / "grade-class.log", root / "results" / "results.json"):
+        assert os.stat(written).st_mode & 0o077 == 0, (written, oct(os.stat(written).st_mode))
