@@ -147,7 +147,18 @@ EXPECTED = {
     "makes-namespace": "tried something only root may do",
     "reads-environment": "it did not run to a record of its own",
     "forges-feedback": "it did not run to a record of its own",
+    # The second round (issue 45): each contained, the class finished, the grader blamed for nothing.
+    "nan-clock": "is not the observer's (unreadable)",  # NaN step times: refused by the one JSON reader
+    "deep-observation": "is not the observer's (unreadable)",  # nested 100,000 deep: no RecursionError
+    "links-observe": "observe is a symbolic link (never followed or opened)",
+    "odd-rank-folder": "attempt_9 is a symbolic link (never followed or opened)",  # and no rank "x" taken
+    "sparse-logs": "it did not run to a record of its own",  # not "wrote more than": the copies are bounded
+    "leaves-scratch": "it did not run to a record of its own",  # /tmp, /dev/shm its own; /var/tmp not there
+    "reads-classmate": "it did not run to a record of its own",  # no other job's folder in its sandbox
+    "fork-loop": "it did not run to a record of its own",
 }
+# Those that only fail to run: their feedback names no sandbox finding (so no link to the threat model).
+CRASH_ONLY = {"reads-environment", "forges-feedback", "leaves-scratch", "reads-classmate", "fork-loop"}
 # Entries of the submissions folder that must not stop the class: id in the gradebook -> its reason.
 ODD_NAMES = {
     b"caf\xe9": "not a plain student id",  # latin-1, as a zip made on Windows names it
@@ -209,9 +220,34 @@ def test_each_hostile_submission_is_contained_and_named_in_its_own_feedback(grad
         assert words in row["reason"], (student, row["reason"])
         feedback = (graded["class_dir"] / "feedback" / f"{student}.md").read_text()
         assert words in feedback, (student, feedback)
-        if student not in ("reads-environment", "forges-feedback"):  # those only crash: no sandbox finding
+        if student not in CRASH_ONLY:
             assert "docs/threat-model.md#what-a-submission-gets" in feedback
     assert "wrong layout: 2 .py files and none is train.py" in book["carol"]["reason"]
+    assert "wrote more than" not in book["sparse-logs"]["reason"]  # the grader's copies of its logs are bounded
+
+
+@needs_sandbox
+@pytest.mark.integration
+@the_class
+def test_what_a_program_leaves_in_its_logs_is_copied_with_a_bound_and_never_through_a_link(graded):
+    """sparse_logs.py: 30 MiB sparse files beside its output become at most 8 MiB each in a rank log;
+    odd_rank_folder.py: a rank folder "x" passed over, a link in place of an attempt's folder not followed."""
+    jobs = graded["class_dir"] / "jobs"
+    for log in jobs.glob("sparse-logs/runs/*/*/rank.*.log"):
+        assert log.stat().st_size < 2 * (8 << 20) + (64 << 10), (log, log.stat().st_size)
+    logs = list(jobs.glob("odd-rank-folder/runs/*/*/rank.*.log"))
+    assert logs and all("PLANTED-THROUGH-A-LINK" not in log.read_text() for log in logs)
+    assert sorted(log.name for log in logs) == ["rank.0.log", "rank.1.log"]
+
+
+@needs_sandbox
+@pytest.mark.integration
+@the_class
+def test_a_process_forking_anew_is_gone_before_its_run_is_accounted(graded):
+    """fork_loop.py: the marks its forks leave all predate the run's account (run.json)."""
+    for run in graded["class_dir"].glob("jobs/fork-loop/runs/*/*/"):
+        marks = [p.stat().st_mtime for p in run.glob("alive.*")]
+        assert marks and max(marks) <= (run / "run.json").stat().st_mtime, run
 
 
 @needs_sandbox
@@ -427,6 +463,12 @@ UID_MODE_EXPECTED = {
     "writes-grader": "tried to change",  # the harness is root's, read-only to every other uid
     "fork-bomb": "started more than 512 processes",
     "reads-environment": "it did not run to a record of its own",
+    # The second round (issue 45): what a uid job leaves outside its folder, or reaches of an earlier
+    # job's of the same uid, and a folder past PATH_MAX left for the next grade of the class.
+    "leaves-scratch": "left outside its folder: /var/tmp/distlab-left-",
+    "reads-classmate": "it did not run to a record of its own",
+    "fork-loop": "it did not run to a record of its own",
+    "deep-path": "wrote more than 64 MiB into its folder",
 }
 
 
@@ -486,6 +528,21 @@ def uid_mode_class(tmp_path: Path, results: Path) -> None:
     assert "No such file or directory" in read and CORRECT.read_text().splitlines()[0] not in read
     assert not os.stat(subs).st_mode & 0o007 and not os.stat(class_dir).st_mode & 0o006  # closed to other uids
     assert processes_of(job_uids(class_dir)) == []
+    # Nothing of an earlier job reached a later one of the same uid: each job's folder is root's at its
+    # end, its submission's copy gone; what it left in /tmp, /var/tmp, /dev/shm is gone too.
+    read = "".join(p.read_text() for p in class_dir.glob("jobs/reads-classmate/runs/*/*/rank.*.log"))
+    assert "refused alice" in read and "read alice" not in read and "planted in" not in read, read
+    uids = job_uids(class_dir)
+    assert [p for p in class_dir.rglob("*") if p.lstat().st_uid in uids] == []
+    assert not list(class_dir.glob("jobs/*/submission"))
+    assert [p for top in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(top).glob("distlab-left-*")
+            if p.lstat().st_uid in uids] == []
+    for run in class_dir.glob("jobs/fork-loop/runs/*/*/"):  # its forks all ended before the run's account
+        marks = [p.stat().st_mtime for p in run.glob("alive.*")]
+        assert marks and max(marks) <= (run / "run.json").stat().st_mtime, run
+    # deep_path.py left a folder past PATH_MAX: the class's next grade walks it to close it, and goes on.
+    again = subprocess.run(done.args, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert again.returncode == 0 and "0 to grade" in again.stdout, again.stdout + again.stderr
 
 
 # ------------------------------------------------------------------------------------ no runs

@@ -239,14 +239,14 @@ def run_job(job_path: Path) -> int:
                                    for s in runs):
         monitor.breaches.append(limits.breach("wall"))  # the runner's watchdog ended it
     planted, left = entries_left(done)
-    left += [f"{printable(path)} outside its folder ({size_text(size)}, counted as its output, removed)"
-             for path, size in scratch]
     account = {"sandboxed": job["sandboxed"], "mode": mode, "cgroup": cgroup is not None,
                "breaches": monitor.breaches if monitor else [],
                "refusals": refusals(program_runs, job["hidden"], [job["submission"]]),
                "forged": planted + (forged_observations(program_runs, monitor.program_pids)
                                     if monitor is not None and cgroup is not None else []),
                "left": left,
+               "outside": [f"{printable(path)} ({size_text(size)}, counted as its output, removed)"
+                           for path, size in scratch],
                "peak_memory_bytes": peak if cgroup is not None else None,
                "peak_output_bytes": monitor.peak_bytes if monitor else None}
     files.write_json(folder / OBSERVATIONS, {

@@ -77,7 +77,8 @@ class Outcome:
         return ([f"stopped: {text}" for text in account.get("breaches", [])]
                 + [f"the sandbox refused it: it {text}" for text in account.get("refusals", [])]
                 + [f"tampering: {text}" for text in account.get("forged", [])]
-                + [f"left in its folder: {text}" for text in account.get("left", [])])
+                + [f"left in its folder: {text}" for text in account.get("left", [])]
+                + [f"left outside its folder: {text}" for text in account.get("outside", [])])
 
 
 def number(value: float | None) -> str:

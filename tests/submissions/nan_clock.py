@@ -10,6 +10,7 @@ import types
 import distlab_observer.observer as observer  # the observer's module: on every rank's path, first
 
 observer.time = types.SimpleNamespace(**{**vars(observer.time), "perf_counter": lambda: math.nan})
-repo = next(p for p in os.environ["PYTHONPATH"].split(os.pathsep) if os.path.isfile(os.path.join(p, "labs/ddp/train.py")))
-sys.argv[0] = os.path.join(repo, "labs/ddp/train.py")
+lab = next(os.path.join(p, "labs/ddp/train.py") for p in os.environ["PYTHONPATH"].split(os.pathsep)
+           if os.path.isfile(os.path.join(p, "labs/ddp/train.py")))  # the checkout is on every rank's path
+sys.argv[0] = lab
 runpy.run_path(sys.argv[0], run_name="__main__")

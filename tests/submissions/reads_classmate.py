@@ -1,10 +1,9 @@
 """Hostile (uid sandbox): reaches for an earlier job's folder by the class's layout (its run folder's
-ancestors: jobs/<id>/runs/<stamp>/), reads the classmate's copy of their program, plants a file in their
-runs and replaces a rank log there: jobs that run one after another share a uid."""
-import os
+ancestors: jobs/<id>/runs/<lab>/<stamp>/), reads the classmate's copy of their program and plants a
+file in their runs: jobs that run one after another share a uid."""
 import pathlib
 
-jobs = pathlib.Path.cwd().parents[2]  # jobs/<this id>/runs/<this run>
+jobs = pathlib.Path.cwd().parents[3]  # jobs/<this id>/runs/<lab>/<this run>
 for classmate in ("alice", "erin", "aa-first"):
     folder = jobs / classmate
     for name in ("submission/alice.py", "submission/train.py", "submission/aa-first.py"):
