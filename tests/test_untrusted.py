@@ -440,10 +440,11 @@ def test_one_submission_that_cannot_be_judged_is_its_own_error_row_never_the_cla
     outcome = room.outcome(student)
     assert outcome.status == "error" and "could not judge what its runs left (UntrustedJSON)" in outcome.reason
     assert str(tmp_path) not in outcome.reason and "/" not in outcome.reason
-    (folder / "job-error.txt").write_text("job exit code 1: RecursionError\n")
+    (folder / "job-error.txt").write_text(f"job exit code 1: FileNotFoundError: '{folder}/runs/x' (see {folder})\n")
     (folder / "observations.json").unlink()
     room.outcomes.clear()
-    assert str(tmp_path) not in room.outcome(student).reason  # the grader's own failure: its log's path is staff's
+    failed = room.outcome(student)  # the grader's own failure: its paths are staff's (the console, the log)
+    assert failed.status == "error" and "FileNotFoundError" in failed.reason and str(tmp_path) not in failed.reason
 
 
 def test_rank_logs_are_gathered_by_descriptors_each_part_s_tail_only(tmp_path, monkeypatch):

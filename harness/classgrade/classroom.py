@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import signal
 import statistics
 import time
@@ -47,6 +48,7 @@ from harness.verdict.pairing import reference_rates
 from labs.common.host import fingerprint
 
 JOB_ERROR = "job-error.txt"  # in a job's folder: the job process failed (not the submission)
+GRADER_PATH = re.compile(r"/[^\s'\",:()]+")  # an absolute path in the grader's own error, shown to no student
 STORED_BYTES = 1 << 30  # a job's observations.json: a smoke class's are under 1 MiB, a full lab's a few MiB
 
 
@@ -99,8 +101,8 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
                                key=student.key)
     folder = Path(job["folder"]) if job else None
     if folder is not None and (folder / JOB_ERROR).is_file() and not (folder / jobs.OBSERVATIONS).is_file():
-        return outputs.Outcome(student.id, "error", f"the grader failed: {(folder / JOB_ERROR).read_text().strip()}",
-                               sandboxed=sandboxed, key=student.key)  # its log's path is staff's (the console)
+        said = GRADER_PATH.sub("…", (folder / JOB_ERROR).read_text().strip())  # the grader's paths are staff's
+        return outputs.Outcome(student.id, "error", f"the grader failed: {said}", sandboxed=sandboxed, key=student.key)
     if folder is None or not (folder / jobs.OBSERVATIONS).is_file():
         return outputs.Outcome(student.id, "pending", "not graded yet", sandboxed=sandboxed, key=student.key)
     stored = read_json(folder / jobs.OBSERVATIONS, STORED_BYTES)  # bounded as the program's: it holds what they left

@@ -28,6 +28,7 @@ One module per concern; callers import the one they need (no names re-exported h
     seccomp.py     the system calls refused inside (keyrings, user namespaces)
     uid.py         a uid of the job's own: claimed per job, rlimits, every process of it ended
     monitor.py     the job watched from outside while it runs; the refusals named from its output
+    private.py     uid mode: the grader's files closed to other users, a job's folder handed back to root
     enter.py       the program that enters the sandbox (`python -I enter.py SPEC RUN_DIR -- CMD`): it runs
                    as the grader, joins the cgroup, hands the run directory to the job's uid and execs
                    bwrap (or, in uid mode, the job's command); the standard library and these modules only
