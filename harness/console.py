@@ -65,9 +65,13 @@ def print_json(summary: dict) -> None:
     sys.stdout.write(json.dumps(summary, indent=2, default=str) + "\n")
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+# Control characters, and the bidirectional controls that reorder what a reader sees (a right-to-left
+# override makes "exe.txt" read as "txt.exe": Trojan Source, CVE-2021-42574).
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
 def printable(text: str) -> str:
-    """Text safe for a terminal (or a page): control characters (escape sequences) shown, not obeyed."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    """Text safe for a terminal (or a page): control characters (escape sequences) and bidirectional
+    controls shown, not obeyed."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
+                        text)

@@ -8,7 +8,10 @@ harness writes goes to a temporary file first and is renamed over whatever is th
 replaced, never followed; a directory in the way is set aside, never deleted).
 
 This module is the one reader of files a program could have touched (records, observations, weights,
-logs): every reader goes through `read_regular_file` (or `read_text`), so no new reader can forget.
+logs): every reader goes through `read_regular_file` (or `read_text`), so no new reader can forget;
+JSON such a file holds goes through `parse_json`/`read_json` (no NaN or infinity, nesting and numbers
+bounded, a key given twice refused), a file below a program's folder through `read_below` (no link
+followed on the way).
 A folder a program writes is measured by `tree_usage`, through directory descriptors: no path is
 too long to measure, no link is followed, and what cannot be measured says so.
 """
@@ -18,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -85,6 +90,114 @@ def _read_at_most(handle: IO[bytes], limit: int, path: Path | str) -> bytes:
     if len(data) > limit:
         raise NotARegularFile(f"{path} is more than the {limit} bytes allowed")
     return data
+
+
+def read_below(top: Path | str, relative: str, limit: int, *, tail: bool = False) -> bytes:
+    """A file below `top` (a folder a program could change), each folder on the way opened without
+    following a link (relative to its parent's descriptor: no path too long, no link where a folder
+    was). NotARegularFile for a link, FIFO, device on the way or at the end; OSError otherwise."""
+    parts = [part for part in str(relative).split("/") if part not in ("", ".")]
+    if not parts or ".." in parts:
+        raise NotARegularFile(f"{relative} is not a path below the folder")
+    fd = os.open(top, _DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            try:
+                child = os.open(part, _DIRECTORY, dir_fd=fd)
+            except OSError as error:
+                if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise NotARegularFile(f"{relative}: {part} is not a folder (a link, never followed)") from None
+                raise
+            os.close(fd)
+            fd = child
+        return read_regular_file(parts[-1], limit, tail=tail, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------ JSON a program could have written
+
+JSON_DEPTH = 64  # nesting of objects and arrays; the observer's and the contract's deepest is under 8
+JSON_NUMBER = 2.0 ** 63  # any number beyond a 64-bit integer's range is a mistake, not a measurement
+JSON_INT_DIGITS = 20
+
+
+class UntrustedJSON(ValueError):
+    """JSON no consumer can use: not JSON, NaN or infinity, a number out of range, nested too deeply,
+    a key given twice (which of the two a reader takes is the reader's, not the writer's, choice)."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise UntrustedJSON(f"{name} is not a number JSON allows (a measurement must be finite)")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > JSON_INT_DIGITS or abs(int(text)) > JSON_NUMBER:
+        raise UntrustedJSON(f"the number {text[:24]}{'...' if len(text) > 24 else ''} is out of range "
+                            f"(at most {JSON_NUMBER:.3g} in size)")
+    return int(text)
+
+
+def _bounded_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or abs(value) > JSON_NUMBER:
+        raise UntrustedJSON(f"the number {text[:24]} is out of range (at most {JSON_NUMBER:.3g} in size)")
+    return value
+
+
+def _no_key_twice(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        twice = next(key for i, (key, _) in enumerate(pairs) if key in dict(pairs[:i]))
+        raise UntrustedJSON(f"the key {twice[:40]!r} is given twice in one object")
+    return found
+
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_nesting(text: str, stop_past: int = JSON_DEPTH) -> int:
+    """How deeply arrays and objects nest in JSON text (strings skipped), without recursion; counting
+    stops past `stop_past`."""
+    depth = deepest = 0
+    for match in _BRACKET.finditer(_STRING.sub('""', text)):
+        if match.group() in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > stop_past:
+                    break
+        else:
+            depth -= 1
+    return deepest
+
+
+def parse_json(text: str | bytes, max_depth: int = JSON_DEPTH) -> Any:
+    """JSON a program could have written, with limits (UntrustedJSON names what is wrong): nesting at
+    most `max_depth`, no NaN or infinity, numbers within JSON_NUMBER, no key twice in an object. The
+    one parser of such JSON: a NaN in a timing ends one submission's grade, never the class's."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise UntrustedJSON(f"not UTF-8 text (byte {error.start})") from None
+    depth = json_nesting(text, max_depth)
+    if depth > max_depth:
+        raise UntrustedJSON(f"nested {depth} levels deep, more than the {max_depth} allowed")
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int, parse_float=_bounded_float,
+                          object_pairs_hook=_no_key_twice)
+    except json.JSONDecodeError as error:
+        raise UntrustedJSON(f"not valid JSON ({error.msg} at line {error.lineno})") from None
+    except RecursionError:  # json_nesting bounds it; kept as a last net
+        raise UntrustedJSON("nested too deeply") from None
+
+
+def read_json(path: Path | str, limit: int, *, dir_fd: int | None = None, max_depth: int = JSON_DEPTH) -> Any:
+    """A JSON file a program could have touched: `read_regular_file` (at most `limit` bytes, a regular
+    file, no link) parsed by `parse_json`. NotARegularFile/UntrustedJSON (ValueErrors) or OSError."""
+    return parse_json(read_regular_file(path, limit, dir_fd=dir_fd), max_depth)
 
 
 @dataclass
@@ -177,17 +290,6 @@ def tree_usage(top: Path, max_entries: int | None = None, max_depth: int = 64) -
     except (OSError, RecursionError) as error:
         usage.error = f"could not be measured whole ({type(error).__name__}: {error})"
     return usage
-
-
-def copy_regular_file(path: Path, out: IO[bytes]) -> int:
-    """Append a regular file's bytes to `out` as they are, in pieces; NotARegularFile otherwise."""
-    fd = _open_regular(Path(path), follow=False)
-    copied = 0
-    with os.fdopen(fd, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            out.write(chunk)
-            copied += len(chunk)
-    return copied
 
 
 def write_bytes(path: Path, data: bytes) -> None:

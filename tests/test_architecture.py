@@ -150,6 +150,23 @@ def test_each_stage_imports_only_the_stages_before_it():
     assert wrong == []
 
 
+# The sandbox is entered by a program run as a path (sandbox/enter.py, `python -I`), before anything of
+# the submission starts: its modules import one another and the base modules only (the run folder's
+# placeholder from harness.run.run_dir), never the rest of classgrade/ or a later stage.
+SANDBOX = "harness.classgrade.sandbox"
+SANDBOX_MAY_IMPORT = BASE | {"harness.run.run_dir"}
+
+
+def test_the_sandbox_modules_import_each_other_and_the_base_modules_only():
+    graph = import_graph()
+    modules = [m for m in graph if m == SANDBOX or m.startswith(SANDBOX + ".")]
+    assert {f"{SANDBOX}.{name}" for name in ("enter", "bubblewrap", "uid", "cgroups", "seccomp", "limits", "spec",
+                                               "monitor")} <= set(modules)
+    wrong = [f"{m} imports {o}" for m in modules for o in sorted(graph[m])
+             if o not in SANDBOX_MAY_IMPORT and not o.startswith(SANDBOX + ".")]
+    assert wrong == []
+
+
 def test_the_base_modules_import_no_stage():
     graph = import_graph()
     assert {module: sorted(graph[module] - BASE) for module in BASE if graph[module] - BASE} == {}

@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.classgrade import sandbox
+from harness.classgrade.sandbox import bubblewrap
+from harness.classgrade.sandbox.bubblewrap import available, bwrap_argv, bwrap_path, gpu_minors
+from harness.classgrade.sandbox.spec import Spec, base_read_only
+from harness.classgrade.sandbox.uid import FIRST_UID
 
 
 def fake_driver(folder: Path, minors_by_bus: dict[str, int]) -> Path:
@@ -40,9 +43,9 @@ def test_a_job_sees_its_own_gpus_numbered_from_zero_and_only_those(tmp_path, mon
     # Four GPUs whose minors are not their bus order (the driver numbers them as it probes them).
     driver = fake_driver(tmp_path / "gpus", {"0000:1b:00.0": 2, "0000:3d:00.0": 0, "0000:9a:00.0": 3,
                                              "0000:ca:00.0": 1})
-    monkeypatch.setattr(sandbox, "NVIDIA_GPUS", str(driver), raising=False)
-    spec = sandbox.Spec(uid=sandbox.FIRST_UID, limits={}, read_only=[], hidden=[], gpus=[2, 3])
-    argv = sandbox.bwrap_argv(spec, str(tmp_path / "run"), ["true"])
+    monkeypatch.setattr(bubblewrap, "NVIDIA_GPUS", str(driver), raising=False)
+    spec = Spec(uid=FIRST_UID, limits={}, read_only=[], hidden=[], gpus=[2, 3])
+    argv = bwrap_argv(spec, str(tmp_path / "run"), ["true"])
     gpus = [path for path in values(argv, "--dev-bind-try") if path[len("/dev/nvidia"):].isdigit()]
     assert gpus == ["/dev/nvidia3", "/dev/nvidia1"]  # the third and fourth GPU on the bus, no other
     env = setenv(argv)
@@ -51,15 +54,15 @@ def test_a_job_sees_its_own_gpus_numbered_from_zero_and_only_those(tmp_path, mon
 
 
 def test_without_the_drivers_word_the_minor_is_the_index(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "NVIDIA_GPUS", str(tmp_path / "no-driver"), raising=False)
-    assert sandbox.gpu_minors([4, 5]) == [4, 5]
-    spec = sandbox.Spec(uid=sandbox.FIRST_UID, limits={}, read_only=[], hidden=[], gpus=[4, 5])
-    assert setenv(sandbox.bwrap_argv(spec, str(tmp_path / "run"), ["true"]))["CUDA_VISIBLE_DEVICES"] == "0,1"
+    monkeypatch.setattr(bubblewrap, "NVIDIA_GPUS", str(tmp_path / "no-driver"), raising=False)
+    assert gpu_minors([4, 5]) == [4, 5]
+    spec = Spec(uid=FIRST_UID, limits={}, read_only=[], hidden=[], gpus=[4, 5])
+    assert setenv(bwrap_argv(spec, str(tmp_path / "run"), ["true"]))["CUDA_VISIBLE_DEVICES"] == "0,1"
 
 
 def test_a_cpu_job_binds_no_gpu_and_sets_no_cuda_variable(tmp_path):
-    spec = sandbox.Spec(uid=sandbox.FIRST_UID, limits={}, read_only=[], hidden=[])
-    argv = sandbox.bwrap_argv(spec, str(tmp_path / "run"), ["true"])
+    spec = Spec(uid=FIRST_UID, limits={}, read_only=[], hidden=[])
+    argv = bwrap_argv(spec, str(tmp_path / "run"), ["true"])
     assert not [path for path in values(argv, "--dev-bind-try") if "nvidia" in path]
     assert "CUDA_VISIBLE_DEVICES" not in setenv(argv)
     assert "/sys/class/pci_bus" not in values(argv, "--ro-bind")
@@ -75,14 +78,14 @@ def made_before(argv: list[str], parent: str, child: str) -> bool:
 
 @pytest.mark.skipif(not os.path.isdir("/sys/class/pci_bus"), reason="this host shows no PCI bus in /sys")
 def test_the_sys_paths_nccl_reads_are_bound_with_parents_the_job_can_pass(tmp_path):
-    spec = sandbox.Spec(uid=sandbox.FIRST_UID, limits={}, read_only=[], hidden=[], gpus=[0])
-    argv = sandbox.bwrap_argv(spec, str(tmp_path / "run"), ["true"])
+    spec = Spec(uid=FIRST_UID, limits={}, read_only=[], hidden=[], gpus=[0])
+    argv = bwrap_argv(spec, str(tmp_path / "run"), ["true"])
     roots = [str(p) for p in Path("/sys/devices").glob("pci*")]
     assert roots and {"/sys/class/pci_bus", "/sys/bus/pci", *roots} <= set(values(argv, "--ro-bind"))
     assert made_before(argv, "/sys/class", "/sys/class/pci_bus") and made_before(argv, "/sys/bus", "/sys/bus/pci")
 
 
-@pytest.mark.skipif(not os.path.isdir("/sys/class/pci_bus") or os.geteuid() != 0 or sandbox.available() is not None,
+@pytest.mark.skipif(not os.path.isdir("/sys/class/pci_bus") or os.geteuid() != 0 or available() is not None,
                     reason="needs root, bubblewrap and a PCI bus in /sys")
 def test_inside_the_sandbox_the_job_resolves_a_pci_path_as_nccl_does(tmp_path):
     """NCCL's path: realpath of /sys/class/pci_bus/<domain:bus>/../../<bus id>, then its attributes,
@@ -91,11 +94,11 @@ def test_inside_the_sandbox_the_job_resolves_a_pci_path_as_nccl_does(tmp_path):
     device = next(p.name for p in sorted(Path("/sys/bus/pci/devices").iterdir()) if p.name.startswith(bus))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    os.chown(run_dir, sandbox.FIRST_UID, sandbox.FIRST_UID)
-    spec = sandbox.Spec(uid=sandbox.FIRST_UID, limits={}, read_only=sandbox.base_read_only(), hidden=[], gpus=[0])
+    os.chown(run_dir, FIRST_UID, FIRST_UID)
+    spec = Spec(uid=FIRST_UID, limits={}, read_only=base_read_only(), hidden=[], gpus=[0])
     probe = (f'p=$(realpath /sys/class/pci_bus/{bus}/../../{device}) && cat "$p/class" && '
              'echo "$CUDA_VISIBLE_DEVICES"')
-    argv = sandbox.bwrap_argv(spec, str(run_dir), ["sh", "-c", probe], tool=sandbox.bwrap_path())
+    argv = bwrap_argv(spec, str(run_dir), ["sh", "-c", probe], tool=bwrap_path())
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     device_class, visible = done.stdout.split()

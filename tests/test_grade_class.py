@@ -26,8 +26,24 @@ import pytest
 import tomli_w
 from conftest import DISTLAB, run_distlab
 
-from harness.classgrade import rubric, sandbox, submissions
+from harness import files
+from harness.classgrade import rubric, submissions
 from harness.classgrade.outputs import csv_cell
+from harness.classgrade.sandbox import bubblewrap, cgroups
+from harness.classgrade.sandbox.bubblewrap import available, bwrap_argv
+from harness.classgrade.sandbox.cgroups import Cgroup
+from harness.classgrade.sandbox.limits import GIB, Limits
+from harness.classgrade.sandbox.monitor import folder_usage
+from harness.classgrade.sandbox.spec import Spec
+from harness.classgrade.sandbox.uid import (
+    FIRST_UID,
+    _lock,
+    claim_uid,
+    closed_folder,
+    end_processes_if_unclaimed,
+    processes_left,
+    uid_refusal,
+)
 from harness.usage import UsageError
 from harness.verdict.profiles import tomllib
 from harness.verdict.verdicts import Verdict
@@ -40,12 +56,12 @@ NOISY = {"speed"}  # wall time judged under the suite's other workers: not asser
 
 
 def sandbox_missing() -> str | None:
-    problem = sandbox.available()
+    problem = available()
     if problem:
         return problem
     if os.geteuid() != 0:
         return "the sandbox needs root (a uid and a cgroup per job)"
-    if sandbox.Cgroup.create("probe", sandbox.Limits()) is None:
+    if Cgroup.create("probe", Limits()) is None:
         return "no writable memory and pids cgroup: the process and memory limits cannot be enforced"
     return None
 
@@ -91,7 +107,7 @@ def job_uids(class_dir: Path) -> set[int]:
 def processes_of(uids: set[int]) -> list[int]:
     """What is left running as the class's uids, of those no job holds now: the uids are the host's,
     and a test grading beside this one may have claimed one of them since this class let it go."""
-    return [pid for uid in uids for pid in sandbox.processes_left(uid) or []]
+    return [pid for uid in uids for pid in processes_left(uid) or []]
 
 
 def grade_class(submissions: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
@@ -132,7 +148,18 @@ EXPECTED = {
     "makes-namespace": "tried something only root may do",
     "reads-environment": "it did not run to a record of its own",
     "forges-feedback": "it did not run to a record of its own",
+    # The second round (issue 45): each contained, the class finished, the grader blamed for nothing.
+    "nan-clock": "is not the observer's (unreadable)",  # NaN step times: refused by the one JSON reader
+    "deep-observation": "is not the observer's (unreadable)",  # nested 100,000 deep: no RecursionError
+    "links-observe": "observe is a symbolic link (never followed or opened)",
+    "odd-rank-folder": "attempt_9 is a symbolic link (never followed or opened)",  # and no rank "x" taken
+    "sparse-logs": "it did not run to a record of its own",  # not "wrote more than": the copies are bounded
+    "leaves-scratch": "it did not run to a record of its own",  # /tmp, /dev/shm its own; /var/tmp not there
+    "reads-classmate": "it did not run to a record of its own",  # no other job's folder in its sandbox
+    "fork-loop": "it did not run to a record of its own",
 }
+# Those that only fail to run: their feedback names no sandbox finding (so no link to the threat model).
+CRASH_ONLY = {"reads-environment", "forges-feedback", "sparse-logs", "leaves-scratch", "reads-classmate", "fork-loop"}
 # Entries of the submissions folder that must not stop the class: id in the gradebook -> its reason.
 ODD_NAMES = {
     b"caf\xe9": "not a plain student id",  # latin-1, as a zip made on Windows names it
@@ -194,9 +221,34 @@ def test_each_hostile_submission_is_contained_and_named_in_its_own_feedback(grad
         assert words in row["reason"], (student, row["reason"])
         feedback = (graded["class_dir"] / "feedback" / f"{student}.md").read_text()
         assert words in feedback, (student, feedback)
-        if student not in ("reads-environment", "forges-feedback"):  # those only crash: no sandbox finding
+        if student not in CRASH_ONLY:
             assert "docs/threat-model.md#what-a-submission-gets" in feedback
     assert "wrong layout: 2 .py files and none is train.py" in book["carol"]["reason"]
+    assert "wrote more than" not in book["sparse-logs"]["reason"]  # the grader's copies of its logs are bounded
+
+
+@needs_sandbox
+@pytest.mark.integration
+@the_class
+def test_what_a_program_leaves_in_its_logs_is_copied_with_a_bound_and_never_through_a_link(graded):
+    """sparse_logs.py: 30 MiB sparse files beside its output become at most 8 MiB each in a rank log;
+    odd_rank_folder.py: a rank folder "x" passed over, a link in place of an attempt's folder not followed."""
+    jobs = graded["class_dir"] / "jobs"
+    for log in jobs.glob("sparse-logs/runs/*/*/rank.*.log"):
+        assert log.stat().st_size < 2 * (8 << 20) + (64 << 10), (log, log.stat().st_size)
+    logs = list(jobs.glob("odd-rank-folder/runs/*/*/rank.*.log"))
+    assert logs and all("PLANTED-THROUGH-A-LINK" not in log.read_text() for log in logs)
+    assert sorted(log.name for log in logs) == ["rank.0.log", "rank.1.log"]
+
+
+@needs_sandbox
+@pytest.mark.integration
+@the_class
+def test_a_process_forking_anew_is_gone_before_its_run_is_accounted(graded):
+    """fork_loop.py: the marks its forks leave all predate the run's account (run.json)."""
+    for run in graded["class_dir"].glob("jobs/fork-loop/runs/*/*/"):
+        marks = [p.stat().st_mtime for p in run.glob("alive.*")]
+        assert marks and max(marks) <= (run / "run.json").stat().st_mtime, run
 
 
 @needs_sandbox
@@ -296,7 +348,7 @@ def test_the_graders_files_and_the_machine_are_left_as_they_were(graded):
     assert processes_of(uids) == []
     assert not list(Path("/sys/fs/cgroup/pids/distlab").glob("*-fork-bomb"))
     # The disk filler was stopped near its limit: 64 MiB, and what two ranks write in one look of the monitor.
-    filled = sandbox.folder_usage(graded["class_dir"] / "jobs/fills-disk", sandbox.Limits())[0].bytes
+    filled = folder_usage(graded["class_dir"] / "jobs/fills-disk", Limits())[0].bytes
     assert filled < 1 << 30, filled
 
 
@@ -412,6 +464,12 @@ UID_MODE_EXPECTED = {
     "writes-grader": "tried to change",  # the harness is root's, read-only to every other uid
     "fork-bomb": "started more than 512 processes",
     "reads-environment": "it did not run to a record of its own",
+    # The second round (issue 45): what a uid job leaves outside its folder, or reaches of an earlier
+    # job's of the same uid, and a folder past PATH_MAX left for the next grade of the class.
+    "leaves-scratch": "left outside its folder: /var/tmp/distlab-left-",
+    "reads-classmate": "it did not run to a record of its own",
+    "fork-loop": "it did not run to a record of its own",
+    "deep-path": "wrote more than 64 MiB into its folder",
 }
 
 
@@ -471,14 +529,29 @@ def uid_mode_class(tmp_path: Path, results: Path) -> None:
     assert "No such file or directory" in read and CORRECT.read_text().splitlines()[0] not in read
     assert not os.stat(subs).st_mode & 0o007 and not os.stat(class_dir).st_mode & 0o006  # closed to other uids
     assert processes_of(job_uids(class_dir)) == []
+    # Nothing of an earlier job reached a later one of the same uid: each job's folder is root's at its
+    # end, its submission's copy gone; what it left in /tmp, /var/tmp, /dev/shm is gone too.
+    read = "".join(p.read_text() for p in class_dir.glob("jobs/reads-classmate/runs/*/*/rank.*.log"))
+    assert "refused alice" in read and "read alice" not in read and "planted in" not in read, read
+    uids = job_uids(class_dir)
+    assert [name for name, info, _, _ in files.walk(class_dir, 1000) if info.st_uid in uids] == []  # past PATH_MAX too
+    assert not list(class_dir.glob("jobs/*/submission"))
+    assert [p for top in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(top).glob("distlab-left-*")
+            if p.lstat().st_uid in uids] == []
+    for run in class_dir.glob("jobs/fork-loop/runs/*/*/"):  # its forks all ended before the run's account
+        marks = [p.stat().st_mtime for p in run.glob("alive.*")]
+        assert marks and max(marks) <= (run / "run.json").stat().st_mtime, run
+    # deep_path.py left a folder past PATH_MAX: the class's next grade walks it to close it, and goes on.
+    again = subprocess.run(done.args, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert again.returncode == 0 and "0 to grade" in again.stdout, again.stdout + again.stderr
 
 
 # ------------------------------------------------------------------------------------ no runs
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the probe runs as a job's uid: root makes it one")
 def test_the_uid_sandbox_refuses_in_one_line_where_its_uid_cannot_reach_the_python(tmp_path):
-    closed = sandbox.closed_folder(Path(os.path.realpath(sys.executable)).parent)
-    refusal = sandbox.uid_refusal()
+    closed = closed_folder(Path(os.path.realpath(sys.executable)).parent)
+    refusal = uid_refusal()
     if closed is None:
         assert refusal is None
     else:
@@ -530,20 +603,20 @@ def test_a_rubric_scores_partial_credit_and_refuses_mistakes_by_name(tmp_path):
 
 
 def test_without_bubblewrap_the_class_grade_refuses_in_one_line_naming_the_install(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
-    assert "apt-get install bubblewrap" in sandbox.available() and "--no-sandbox" in sandbox.available()
+    monkeypatch.setattr(bubblewrap.shutil, "which", lambda name: None)
+    assert "apt-get install bubblewrap" in available() and "--no-sandbox" in available()
     done = run_distlab(["grade-class", str(tmp_path / "missing"), "--lab", "ddp"])
     assert done.returncode == 2 and "does not exist" in done.stderr, done.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the uid claims live in a root-only folder")
 def test_jobs_at_once_never_share_a_uid():
-    first, held = sandbox.claim_uid()
-    second, other = sandbox.claim_uid()
+    first, held = claim_uid()
+    second, other = claim_uid()
     try:
         assert first != second  # another grader's job, or a test worker's, gets another uid
-        assert sandbox._lock(first) is None  # claimed: no other job gets it while its holder runs
-        sandbox.end_processes_if_unclaimed(first)  # and a sweep after a kill leaves a claimed uid alone
+        assert _lock(first) is None  # claimed: no other job gets it while its holder runs
+        end_processes_if_unclaimed(first)  # and a sweep after a kill leaves a claimed uid alone
     finally:
         os.close(held)
         os.close(other)
@@ -554,8 +627,8 @@ def test_a_checkout_under_tmp_is_bound_again_over_the_private_tmp(tmp_path):
     # environment, and every run would end with exit code 127 (command not found).
     checkout = tmp_path / "checkout"
     checkout.mkdir()
-    spec = sandbox.Spec(uid=sandbox.FIRST_UID, limits={}, read_only=[str(checkout)], hidden=[])
-    argv = sandbox.bwrap_argv(spec, str(tmp_path / "run"), ["true"])
+    spec = Spec(uid=FIRST_UID, limits={}, read_only=[str(checkout)], hidden=[])
+    argv = bwrap_argv(spec, str(tmp_path / "run"), ["true"])
     private_tmp = argv.index("--tmpfs", argv.index("--dev"))
     binds = [i for i in range(len(argv) - 1) if argv[i] == "--ro-bind" and argv[i + 1] == str(checkout)]
     assert binds and binds[-1] > private_tmp
@@ -570,22 +643,22 @@ def test_the_limits_land_in_the_cgroup_files_of_either_version(version, tmp_path
     else:
         for kind in ("memory", "pids"):
             (tmp_path / kind).mkdir()
-    monkeypatch.setattr(sandbox, "CGROUP_ROOT", tmp_path)
-    limits = sandbox.Limits(memory_bytes=3 * sandbox.GIB, processes=77)
-    group = sandbox.Cgroup.create("class-alice", limits)
+    monkeypatch.setattr(cgroups, "CGROUP_ROOT", tmp_path)
+    limits = Limits(memory_bytes=3 * GIB, processes=77)
+    group = Cgroup.create("class-alice", limits)
     assert group is not None and group.version == version
     memory, pids = group.dirs["memory"], group.dirs["pids"]
     if version == 2:
         assert memory == pids == tmp_path / "distlab" / "class-alice"
         assert (tmp_path / "distlab" / "cgroup.subtree_control").read_text() == "+memory +pids"
-        assert (memory / "memory.max").read_text() == str(3 * sandbox.GIB)
+        assert (memory / "memory.max").read_text() == str(3 * GIB)
         assert (memory / "memory.swap.max").read_text() == "0"  # RAM and swap together, as v1's memsw
         (memory / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
         (memory / "memory.peak").write_text("123456\n")
     else:
         assert memory == tmp_path / "memory" / "distlab" / "class-alice"
-        assert (memory / "memory.limit_in_bytes").read_text() == str(3 * sandbox.GIB)
-        assert (memory / "memory.memsw.limit_in_bytes").read_text() == str(3 * sandbox.GIB)
+        assert (memory / "memory.limit_in_bytes").read_text() == str(3 * GIB)
+        assert (memory / "memory.memsw.limit_in_bytes").read_text() == str(3 * GIB)
         (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
         (memory / "memory.max_usage_in_bytes").write_text("123456\n")
     assert (pids / "pids.max").read_text() == "77"
@@ -595,8 +668,8 @@ def test_the_limits_land_in_the_cgroup_files_of_either_version(version, tmp_path
 
 
 def test_no_writable_cgroup_hierarchy_gives_no_cgroup(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "CGROUP_ROOT", tmp_path)  # neither layout: the job is refused upstream
-    assert sandbox.Cgroup.create("class-alice", sandbox.Limits()) is None
+    monkeypatch.setattr(cgroups, "CGROUP_ROOT", tmp_path)  # neither layout: the job is refused upstream
+    assert Cgroup.create("class-alice", Limits()) is None
 
 
 def test_the_class_page_counts_the_pitfall_that_ended_a_run_not_the_run():

@@ -28,7 +28,9 @@ from conftest import write_rank_observation
 from test_grade_mutations import MUTANTS, mutant
 
 from harness.classgrade import cluster as class_cluster
-from harness.classgrade import rubric, sandbox
+from harness.classgrade import rubric
+from harness.classgrade.sandbox.bubblewrap import available
+from harness.classgrade.sandbox.uid import processes_left
 from harness.commands import cli
 from harness.grading import slurm
 from harness.observe import accuracy, data_parallel, observations
@@ -201,8 +203,8 @@ def _array_tasks(array: Path, env: dict[str, str]) -> dict[str, str]:
 
 @pytest.mark.integration
 @cluster
-@pytest.mark.skipif(sandbox.available() is not None or os.geteuid() != 0,
-                    reason=f"the class's sandbox needs root and bubblewrap ({sandbox.available() or 'not root'})")
+@pytest.mark.skipif(available() is not None or os.geteuid() != 0,
+                    reason=f"the class's sandbox needs root and bubblewrap ({available() or 'not root'})")
 @pytest.mark.timeout(2 * JOB_LIMIT_S)
 def test_grade_class_on_slurm_grades_again_only_the_task_killed_mid_run(tmp_path):
     """A correct program, a wrong one (no-sampler: every rank trains on the whole set) and a hostile one
@@ -240,7 +242,7 @@ def test_grade_class_on_slurm_grades_again_only_the_task_killed_mid_run(tmp_path
     assert "Slurm task" in book["alice"]["reason"] and "CANCELLED" in book["alice"]["reason"], book["alice"]
     # The cancelled task left nothing running as its job's uid (None: another job holds the uid now).
     uid = json.loads((class_dir / "jobs/alice/sandbox.json").read_text())["uid"]
-    assert not sandbox.processes_left(uid), uid
+    assert not processes_left(uid), uid
     first_s = time.monotonic() - started
 
     again = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=JOB_LIMIT_S,
@@ -276,7 +278,7 @@ def test_grade_class_on_slurm_grades_again_only_the_task_killed_mid_run(tmp_path
         assert time.monotonic() - cancelled < 120, _array_tasks(third, env)
         time.sleep(0.2)  # squeue is the one place the task's end shows
     assert not (class_dir / "jobs/bob/observations.json").exists()
-    assert not sandbox.processes_left(json.loads((class_dir / "jobs/bob/sandbox.json").read_text())["uid"])
+    assert not processes_left(json.loads((class_dir / "jobs/bob/sandbox.json").read_text())["uid"])
 
 
 # --- without a cluster ----------------------------------------------------------------------------

@@ -22,7 +22,29 @@ from conftest import write_rank_observation
 
 from harness import files
 from harness.catalog import REPO
-from harness.classgrade import outputs, pool, sandbox, submissions
+from harness.classgrade import outputs, pool, submissions
+from harness.classgrade.sandbox import cgroups
+from harness.classgrade.sandbox.bubblewrap import bwrap_argv
+from harness.classgrade.sandbox.cgroups import Cgroup
+from harness.classgrade.sandbox.limits import Limits
+from harness.classgrade.sandbox.monitor import folder_usage
+from harness.classgrade.sandbox.seccomp import (
+    _ALLOW,
+    _ERRNO,
+    _JEQ,
+    _JGE,
+    _JSET,
+    _LD_ABS,
+    _RET,
+    ARCHES,
+    CLONE_NEWUSER,
+    SYSCALLS,
+    X32_SYSCALL_BIT,
+    seccomp_fd,
+    seccomp_filter,
+)
+from harness.classgrade.sandbox.spec import Spec, base_read_only
+from harness.classgrade.sandbox.uid import FIRST_UID
 from harness.observe import observations
 from harness.report.pages import md_code
 from harness.run import launch
@@ -69,20 +91,20 @@ def test_a_folder_is_measured_past_path_max_without_following_a_link(tmp_path):
 
 
 def test_the_sandbox_breaches_on_size_entries_depth_and_what_it_cannot_measure(tmp_path):
-    limits = sandbox.Limits(output_bytes=1 << 20, files=5, depth=2)
+    limits = Limits(output_bytes=1 << 20, files=5, depth=2)
     (tmp_path / "a").mkdir()
-    assert sandbox.folder_usage(tmp_path, limits)[1] is None
+    assert folder_usage(tmp_path, limits)[1] is None
     (tmp_path / "a" / "b" / "c").mkdir(parents=True)
-    assert sandbox.folder_usage(tmp_path, limits)[1] == "depth"
+    assert folder_usage(tmp_path, limits)[1] == "depth"
     shutil.rmtree(tmp_path / "a")
     for n in range(6):
         (tmp_path / str(n)).write_text("")
-    assert sandbox.folder_usage(tmp_path, limits)[1] == "files"
+    assert folder_usage(tmp_path, limits)[1] == "files"
     for n in range(6):
         (tmp_path / str(n)).unlink()
     (tmp_path / "f").write_bytes(b"\1" * (2 << 20))
-    assert sandbox.folder_usage(tmp_path, limits)[1] == "output"
-    assert sandbox.folder_usage(tmp_path / "missing", limits)[1] == "unmeasurable"
+    assert folder_usage(tmp_path, limits)[1] == "output"
+    assert folder_usage(tmp_path / "missing", limits)[1] == "unmeasurable"
     assert "could not measure" in limits.breach("unmeasurable")
 
 
@@ -214,8 +236,8 @@ def test_a_sandboxed_launch_gets_only_the_environment_it_needs(tmp_path, monkeyp
 
 
 def test_of_the_checkout_the_sandbox_binds_the_harness_and_the_labs_only(tmp_path):
-    spec = sandbox.Spec(uid=sandbox.FIRST_UID, limits={}, read_only=sandbox.base_read_only(), hidden=[])
-    argv = sandbox.bwrap_argv(spec, str(tmp_path / "run"), ["true"], seccomp_fd=7)
+    spec = Spec(uid=FIRST_UID, limits={}, read_only=base_read_only(), hidden=[])
+    argv = bwrap_argv(spec, str(tmp_path / "run"), ["true"], seccomp_fd=7)
     bound = {argv[i + 1] for i in range(len(argv) - 1) if argv[i] == "--ro-bind"}
     assert {str(REPO / "harness"), str(REPO / "labs")} <= bound
     assert str(REPO) not in bound and not any(path.startswith(str(REPO / ".git")) for path in bound)
@@ -230,37 +252,37 @@ def run_filter(program: bytes, arch: int, nr: int, arg0: int = 0) -> int:
     pc, acc = 0, 0
     for _ in range(len(steps) + 1):
         code, jt, jf, k = steps[pc]
-        if code == sandbox._LD_ABS:
+        if code == _LD_ABS:
             acc, pc = struct.unpack_from("=I", data, k)[0], pc + 1
-        elif code == sandbox._RET:
+        elif code == _RET:
             return k
         else:
-            taken = {sandbox._JEQ: acc == k, sandbox._JGE: acc >= k, sandbox._JSET: bool(acc & k)}[code]
+            taken = {_JEQ: acc == k, _JGE: acc >= k, _JSET: bool(acc & k)}[code]
             pc += 1 + (jt if taken else jf)
     raise AssertionError("the filter never returned")
 
 
-@pytest.mark.parametrize("machine", sorted(sandbox.ARCHES))
+@pytest.mark.parametrize("machine", sorted(ARCHES))
 def test_the_seccomp_filter_refuses_keyrings_and_user_namespaces_and_other_abis(machine):
-    program = sandbox.seccomp_filter(machine)
-    arch, column = sandbox.ARCHES[machine]
-    nr = {name: numbers[column] for name, numbers in sandbox.SYSCALLS.items()}
-    allow, eperm, enosys = sandbox._ALLOW, sandbox._ERRNO | errno.EPERM, sandbox._ERRNO | errno.ENOSYS
+    program = seccomp_filter(machine)
+    arch, column = ARCHES[machine]
+    nr = {name: numbers[column] for name, numbers in SYSCALLS.items()}
+    allow, eperm, enosys = _ALLOW, _ERRNO | errno.EPERM, _ERRNO | errno.ENOSYS
     for name in ("keyctl", "add_key", "request_key"):
         assert run_filter(program, arch, nr[name]) == eperm, name
-    assert run_filter(program, arch, nr["unshare"], sandbox.CLONE_NEWUSER) == eperm
+    assert run_filter(program, arch, nr["unshare"], CLONE_NEWUSER) == eperm
     assert run_filter(program, arch, nr["unshare"], 0x20000) == allow  # CLONE_NEWNS alone
-    assert run_filter(program, arch, nr["clone"], sandbox.CLONE_NEWUSER | 0x11) == eperm
+    assert run_filter(program, arch, nr["clone"], CLONE_NEWUSER | 0x11) == eperm
     assert run_filter(program, arch, nr["clone"], 0x3D0F00) == allow  # what pthread_create passes
     assert run_filter(program, arch, nr["clone3"]) == enosys  # libc then uses clone, which is checked
     assert run_filter(program, arch, 0) == allow and run_filter(program, arch, 59) == allow
     assert run_filter(program, 0x40000003, 288) == enosys  # i386's keyctl, through int 0x80
     if machine == "x86_64":
-        assert run_filter(program, arch, sandbox.X32_SYSCALL_BIT | 250) == enosys  # x32's
-    assert sandbox.seccomp_filter("riscv64") is None
+        assert run_filter(program, arch, X32_SYSCALL_BIT | 250) == enosys  # x32's
+    assert seccomp_filter("riscv64") is None
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0 or platform.machine() not in sandbox.ARCHES,
+@pytest.mark.skipif(shutil.which("bwrap") is None or os.geteuid() != 0 or platform.machine() not in ARCHES,
                     reason="needs bubblewrap, root and an architecture the filter knows")
 def test_under_the_filter_a_process_runs_but_keeps_no_key_and_makes_no_user_namespace(tmp_path):
     probe = ("import ctypes, os, subprocess, threading\n"
@@ -270,11 +292,11 @@ def test_under_the_filter_a_process_runs_but_keeps_no_key_and_makes_no_user_name
              "print('unshare', libc.unshare(0x10000000), os.strerror(ctypes.get_errno()))\n"
              "print('spawn', subprocess.run(['true']).returncode)\n"
              "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n")
-    probe %= sandbox.SYSCALLS["add_key"][sandbox.ARCHES[platform.machine()][1]]
-    fd = sandbox._seccomp_fd()
+    probe %= SYSCALLS["add_key"][ARCHES[platform.machine()][1]]
+    fd = seccomp_fd()
     try:
         done = subprocess.run(["bwrap", "--ro-bind", "/", "/", "--seccomp", str(fd), "setpriv",
-                               f"--reuid={sandbox.FIRST_UID + 999}", f"--regid={sandbox.FIRST_UID + 999}",
+                               f"--reuid={FIRST_UID + 999}", f"--regid={FIRST_UID + 999}",
                                "--clear-groups", sys.executable, "-c", probe], pass_fds=(fd,), capture_output=True,
                               text=True, timeout=120)
     finally:
@@ -284,16 +306,16 @@ def test_under_the_filter_a_process_runs_but_keeps_no_key_and_makes_no_user_name
                                         "spawn 0", "thread"]
 
 
-@pytest.mark.skipif(platform.machine() not in sandbox.ARCHES, reason="no filter for this architecture")
+@pytest.mark.skipif(platform.machine() not in ARCHES, reason="no filter for this architecture")
 def test_without_bwrap_the_same_filter_is_loaded_by_prctl():
     """uid mode has no bwrap: the entering program loads the filter itself, for all it execs."""
     code = ("import ctypes, os, sys\n"
             f"sys.path.insert(0, {str(REPO)!r})\n"
-            "from harness.classgrade import sandbox\n"
+            "from harness.classgrade.sandbox.seccomp import ARCHES, SYSCALLS, load_seccomp\n"
             "libc = ctypes.CDLL(None, use_errno=True)\n"
-            "number = sandbox.SYSCALLS['add_key'][sandbox.ARCHES[os.uname().machine][1]]\n"
+            "number = SYSCALLS['add_key'][ARCHES[os.uname().machine][1]]\n"
             "print(libc.syscall(number, b'user', b'k', b'v', 1, -4) >= 0)\n"
-            "print(sandbox.load_seccomp())\n"
+            "print(load_seccomp())\n"
             "print(libc.syscall(number, b'user', b'k', b'v', 1, -4), os.strerror(ctypes.get_errno()))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.splitlines()[1:] == ["True", "-1 Operation not permitted"], done.stdout + done.stderr
@@ -302,13 +324,13 @@ def test_without_bwrap_the_same_filter_is_loaded_by_prctl():
 def test_a_cgroup_left_by_a_job_ended_before_its_clean_up_is_removed(tmp_path, monkeypatch):
     for kind in ("memory", "pids"):
         (tmp_path / kind).mkdir()
-    monkeypatch.setattr(sandbox, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(cgroups, "CGROUP_ROOT", tmp_path)
     removed = []
-    monkeypatch.setattr(sandbox.Cgroup, "remove", lambda self: removed.append(sorted(map(str, self.dirs.values()))))
-    sandbox.Cgroup.remove_named("class-ghost")
+    monkeypatch.setattr(Cgroup, "remove", lambda self: removed.append(sorted(map(str, self.dirs.values()))))
+    Cgroup.remove_named("class-ghost")
     assert removed == []  # none there: nothing to do
-    sandbox.Cgroup.create("class-left", sandbox.Limits())
-    sandbox.Cgroup.remove_named("class-left")
+    Cgroup.create("class-left", Limits())
+    Cgroup.remove_named("class-left")
     assert removed == [[str(tmp_path / "memory/distlab/class-left"), str(tmp_path / "pids/distlab/class-left")]]
 
 
@@ -359,13 +381,265 @@ HEADERS = {"x86_64": Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h"),
            "aarch64": Path("/usr/include/asm-generic/unistd.h")}  # Linux's own tables (linux-libc-dev)
 
 
-@pytest.mark.parametrize("machine", sorted(sandbox.ARCHES))
+@pytest.mark.parametrize("machine", sorted(ARCHES))
 def test_the_filters_system_call_numbers_are_linuxs(machine):
     if not HEADERS[machine].is_file():
         pytest.skip(f"no {HEADERS[machine]} here (Debian's linux-libc-dev)")
     import re
 
     defined = dict(re.findall(r"#define __NR_(\w+) (\d+)", HEADERS[machine].read_text()))
-    column = sandbox.ARCHES[machine][1]
-    assert {name: numbers[column] for name, numbers in sandbox.SYSCALLS.items()} == \
-        {name: int(defined[name]) for name in sandbox.SYSCALLS}
+    column = ARCHES[machine][1]
+    assert {name: numbers[column] for name, numbers in SYSCALLS.items()} == \
+        {name: int(defined[name]) for name in SYSCALLS}
+
+
+# ------------------------------------------------- the second round of hostile submissions (issue 45)
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"step_times": [NaN, 1.0]}', "NaN is not a number JSON allows"),
+    ('{"a": -Infinity}', "-Infinity is not a number JSON allows"),
+    ('{"pid": 1, "pid": 4242}', "the key 'pid' is given twice"),
+    ("[" * 100_000 + "]" * 100_000, "levels deep, more than the 64 allowed"),
+    (b'{"a": "\xff"}', "not UTF-8"),
+], ids=["nan", "infinity", "key-twice", "deep", "not-utf8"])
+def test_json_a_program_wrote_is_read_with_bounds_or_refused_by_name(text, message):
+    with pytest.raises(files.UntrustedJSON, match=message):
+        files.parse_json(text)
+
+
+def test_observations_with_a_nan_clock_or_nested_past_recursion_are_unreadable_never_a_crash(tmp_path):
+    """nan_clock.py and deep_observation.py: the observer's file read by the one bounded reader."""
+    nan = write_rank_observation(tmp_path / "nan", 0)
+    nan.write_text(nan.read_text().replace('"loader_passes": []', '"loader_passes": [{"step_times": [NaN]}]'))
+    assert "NaN" in nan.read_text()
+    deep = tmp_path / "deep" / "rank.0.json"
+    deep.parent.mkdir()
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    for folder in (nan.parent, deep.parent):
+        with pytest.raises(ValueError):
+            observations.read_rank_file(folder / "rank.0.json")
+        loaded = observations.load(folder)
+        assert loaded.ranks == {} and "rank.0.json unreadable (UntrustedJSON" in loaded.problems[0], loaded.problems
+
+
+def test_one_submission_that_cannot_be_judged_is_its_own_error_row_never_the_classs(tmp_path):
+    """What a job stored cannot be judged (a NaN where a number was, as an older grader stored it): that
+    row is "error", in words without the grader's paths; the class goes on."""
+    from harness.classgrade import classroom, rubric
+
+    (tmp_path / "week").mkdir()
+    shutil.copy(REPO / "tests/programs/ddp_program.py", tmp_path / "week" / "alice.py")
+    student = submissions.find_submissions(tmp_path / "week")[0]
+    folder = tmp_path / "results" / "jobs" / "alice"
+    folder.mkdir(parents=True)
+    (folder / "observations.json").write_text('{"done": {"ddp@2": [{"wall_seconds": NaN}]}, "references": {}}')
+    job = {"folder": str(folder), "lab": "ddp", "profile": "cpu-smoke", "world_sizes": [2], "program": "alice.py",
+           "submission": str(student.path), "gpus": None, "limits": {}}
+    room = classroom.Classroom(classroom.ClassRequest(tmp_path / "week"), rubric.load(rubric.DEFAULT), [student],
+                               {"alice": job}, None, 1)
+    outcome = room.outcome(student)
+    assert outcome.status == "error" and "could not judge what its runs left (UntrustedJSON)" in outcome.reason
+    assert str(tmp_path) not in outcome.reason and "/" not in outcome.reason
+    (folder / "job-error.txt").write_text(f"job exit code 1: FileNotFoundError: '{folder}/runs/x' (see {folder})\n")
+    (folder / "observations.json").unlink()
+    room.outcomes.clear()
+    failed = room.outcome(student)  # the grader's own failure: its paths are staff's (the console, the log)
+    assert failed.status == "error" and "FileNotFoundError" in failed.reason and str(tmp_path) not in failed.reason
+
+
+def test_rank_logs_are_gathered_by_descriptors_each_part_s_tail_only(tmp_path, monkeypatch):
+    """odd_rank_folder.py and sparse_logs.py: a folder named like no rank passed over, a link in place of
+    an attempt's folder never followed, a huge sparse log kept as its tail (here 1 MiB of a 16 MiB one)."""
+    from types import SimpleNamespace
+
+    from harness.run import output
+
+    monkeypatch.setattr(output, "RANK_LOG_BYTES", 1 << 20, raising=False)
+    attempt = tmp_path / "logs" / "run" / "attempt_0"
+    for rank in ("0", "1", "x", "7"):
+        (attempt / rank).mkdir(parents=True)
+        (attempt / rank / "stdout.log").write_text(f"rank {rank} says hello\n")
+    with open(attempt / "0" / "stderr.log", "wb") as sparse:
+        sparse.truncate(16 << 20)
+        sparse.seek(16 << 20)
+        sparse.write(b"the last line\n")
+    (tmp_path / "elsewhere" / "0").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "0" / "stdout.log").write_text("PLANTED-THROUGH-A-LINK\n")
+    (tmp_path / "logs" / "run" / "attempt_9").symlink_to(tmp_path / "elsewhere")
+    gathered = output.gather_rank_logs(SimpleNamespace(launcher="torchrun", world_size=2), tmp_path)
+    assert sorted(gathered) == [0, 1]  # no rank "x", none past the world size
+    zero = gathered[0].read_bytes()
+    assert b"rank 0 says hello" in zero and b"the last line\n" in zero and b"PLANTED" not in zero
+    assert len(zero) < (1 << 20) + 4096, len(zero)
+
+
+def test_a_class_folder_nested_past_path_max_is_made_private_by_descriptors(tmp_path):
+    """deep_path.py's run folder left in the results: closing the class to other users walks it whole
+    (a walk by paths stopped the class before any job), and a link in it is never followed."""
+    from harness.classgrade import gradescope
+
+    results, outside = tmp_path / "results", tmp_path / "outside.txt"
+    outside.write_text("not the class's\n")
+    os.chmod(outside, 0o644)
+    deep = results
+    deep.mkdir()
+    descriptor = os.open(deep, os.O_RDONLY)
+    for level in range(20):  # 20 x 250 characters: past PATH_MAX (4096)
+        name = f"{level:02d}" + "d" * 248
+        os.mkdir(name, dir_fd=descriptor)
+        inner = os.open(name, os.O_RDONLY, dir_fd=descriptor)
+        os.close(descriptor)
+        descriptor = inner
+    os.close(os.open("left.txt", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=descriptor))
+    os.symlink(outside, "link", dir_fd=descriptor)
+    gradescope.make_private(tmp_path / "source", results)
+    assert os.stat("left.txt", dir_fd=descriptor).st_mode & 0o777 == 0o640
+    os.close(descriptor)
+    assert os.stat(results).st_mode & 0o007 == 0 and os.stat(outside).st_mode & 0o777 == 0o644
+
+
+def test_a_link_in_place_of_the_observers_folder_is_tampering_and_never_read(tmp_path):
+    """links_observe.py: observe/ itself a link (to observations of another run), not only entries in it."""
+    from harness.grading import samples
+
+    elsewhere = tmp_path / "elsewhere"
+    write_rank_observation(elsewhere, 0)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "observe").symlink_to(elsewhere)
+    found = samples.inspect_run_dir(tmp_path / "run")
+    assert found == ["observe is a symbolic link"]
+    assert samples.tampers_with_the_grader(found) == found
+    loaded = observations.load(tmp_path / "run" / "observe")
+    assert loaded.ranks == {} and "symbolic link" in loaded.problems[0]
+
+
+def _claimed_uid():
+    from harness.classgrade.sandbox.uid import claim_uid
+
+    return claim_uid()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing files back from a job's uid needs root")
+def test_a_uid_jobs_folder_is_handed_back_to_root_and_closed_at_its_end(tmp_path):
+    """reads_classmate.py: the next job runs as the same uid; nothing the earlier one owned stays its own."""
+    from harness.classgrade.sandbox import private
+
+    job_uid, claim = _claimed_uid()
+    try:
+        run = tmp_path / "job" / "runs" / "r1"
+        run.mkdir(parents=True)
+        for path, mode in ((run / "rank.0.log", 0o644), (run / "program", 0o4755)):
+            path.write_text("x\n")
+            os.chown(path, job_uid, job_uid)
+            os.chmod(path, mode)
+        os.chown(run, job_uid, job_uid)
+        os.chmod(run, 0o777)
+        (run / "link").symlink_to("/etc/hostname")
+        os.chown(run / "link", job_uid, job_uid, follow_symlinks=False)
+        hostname = os.stat("/etc/hostname")
+        private.hand_back(tmp_path / "job", job_uid)
+        for path in (run, run / "rank.0.log", run / "program"):
+            info = os.stat(path)
+            assert (info.st_uid, info.st_gid) == (0, 0) and info.st_mode & 0o6007 == 0, (path, oct(info.st_mode))
+        assert os.lstat(run / "link").st_uid == 0 and os.stat("/etc/hostname") == hostname  # never followed
+    finally:
+        os.close(claim)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of another uid need root")
+def test_what_a_uid_job_leaves_in_the_shared_scratch_folders_is_found_sized_and_removed(tmp_path):
+    """leaves_scratch.py: /tmp, /var/tmp, /dev/shm (here a folder standing for them), and a world-writable
+    folder in them; another uid's files stay."""
+    from harness.classgrade.sandbox.uid import remove_scratch, scratch_left
+
+    job_uid, claim = _claimed_uid()
+    try:
+        shared = tmp_path / "shared"
+        (shared / "x11").mkdir(parents=True)
+        os.chmod(shared / "x11", 0o1777)
+        for path in (shared / "left.bin", shared / "x11" / "left.bin", shared / "kept.bin"):
+            path.write_bytes(b"\1" * (1 << 20))
+        os.chown(shared / "left.bin", job_uid, job_uid)
+        os.chown(shared / "x11" / "left.bin", job_uid, job_uid)
+        found = dict(scratch_left(job_uid, (str(shared),)))
+        assert set(found) == {str(shared / "left.bin"), str(shared / "x11" / "left.bin")}
+        assert all(size >= 1 << 20 for size in found.values())
+        remove_scratch(job_uid, (str(shared),))
+        assert sorted(p.name for p in shared.rglob("*.bin")) == ["kept.bin"]
+    finally:
+        os.close(claim)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="runs a command as a job's uid")
+def test_a_uid_run_ends_only_once_no_process_of_its_uid_is_left(tmp_path):
+    """fork_loop.py: a process forking a new pid every 50 ms, its parents exiting; the entering program
+    returns (and the run is accounted) only once none of the uid's processes is left."""
+    from harness.classgrade.sandbox.uid import processes_left
+
+    job_uid, claim = _claimed_uid()
+    loop = ("import os, time\n"
+            "if os.fork() == 0:\n"
+            "    os.setsid()\n"
+            "    while True:\n"
+            "        time.sleep(0.05)\n"
+            "        if os.fork():\n"
+            "            os._exit(0)\n"
+            "print('launched')\n")
+    code = ("import sys\n"
+            f"sys.path.insert(0, {str(REPO)!r})\n"
+            "from harness.classgrade.sandbox.enter import run_to_the_end\n"
+            f"sys.exit(run_to_the_end({job_uid}, ['setpriv', '--reuid={job_uid}', '--regid={job_uid}', "
+            f"'--clear-groups', {sys.executable!r}, '-c', {loop!r}], dict(os.environ)))\n").replace(
+        "import sys\n", "import os, sys\n", 1)
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd="/")
+        assert done.returncode == 0 and "launched" in done.stdout, done.stderr
+    finally:
+        os.close(claim)
+    assert processes_left(job_uid) == []
+
+
+def test_a_student_s_folder_and_program_of_one_name_are_refused_as_ambiguous(tmp_path):
+    """alice/ and alice.py: one key; the correct one's 16 became 9. Neither is graded, each says why."""
+    (tmp_path / "alice").mkdir()
+    shutil.copy(REPO / "tests/programs/ddp_program.py", tmp_path / "alice" / "train.py")
+    shutil.copy(REPO / "tests/programs/ddp_program.py", tmp_path / "alice.py")
+    (tmp_path / "bob.py").write_text("print('bob')\n")
+    found = submissions.find_submissions(tmp_path)
+    alices = [s for s in found if s.id == "alice"]
+    assert len(alices) == 2 and len({s.key for s in found}) == 3
+    for sub in alices:
+        assert sub.program is None and "ambiguous: alice/ and alice.py are both" in sub.problem, sub
+    assert next(s for s in found if s.id == "bob").problem == ""
+
+
+def test_bidirectional_overrides_are_shown_escaped_like_control_characters():
+    from harness.console import printable
+
+    text = "it wrote \u202eexe.txt\u2066 here\x1b[2J"
+    for shown in (printable(text), md_code(text), outputs.html_text(text)):
+        assert "\u202e" not in shown and "\u2066" not in shown and "\x1b" not in shown, shown
+        assert "\\u202e" in shown and "\\x1b" in shown
+
+
+def test_the_gradescope_runner_writes_privately_and_keeps_the_rubric_from_the_job(tmp_path):
+    """The rubric (with its hidden items, due date in) and the grade's log are the runner's alone (umask
+    077), whatever the container's umask: a job's uid read work/rubric.toml and printed it."""
+    root = tmp_path / "autograder"
+    source = root / "source"
+    (source / "distlab").parent.mkdir(parents=True)
+    (source / "distlab").symlink_to(REPO)
+    shutil.copy(REPO / "harness/classgrade/rubrics/ddp.toml", source / "rubric.toml")
+    (root / "submission").mkdir()
+    shutil.copy(REPO / "tests/programs/ddp_program.py", root / "submission" / "train.py")
+    (root / "submission_metadata.json").write_text(json.dumps({"assignment": {"due_date": "2030-01-01T00:00:00Z"}}))
+    (source / "autograder.json").write_text(json.dumps({"lab": "ddp", "rubric": "rubric.toml", "profile": "cpu-smoke",
+                                                        "lessons": "https://example.org/", "timeout_s": 1}))
+    done = subprocess.run([sys.executable, "-c", "import os, sys; os.umask(0o022); "
+                           f"sys.path.insert(0, {str(REPO)!r}); from harness.classgrade import gradescope; "
+                           f"sys.exit(gradescope.main([{str(source / 'autograder.json')!r}]))"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    work = root / "work"
+    for written in (work / "rubric.toml", work / "grade-class.log", root / "results" / "results.json"):
+        assert os.stat(written).st_mode & 0o077 == 0, (written, oct(os.stat(written).st_mode))

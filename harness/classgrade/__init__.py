@@ -4,8 +4,9 @@ A stage between grading/ (each submission is graded as `distlab grade --program`
 `grade-class` command (harness/commands/grade_class.py):
 
     submissions.py  the class's folder read: one submission per student, or why one cannot be graded
-    sandbox.py      bubblewrap around each run's launcher: loopback only, read-only harness, one folder
-                    writable, a uid of its own, limits (cgroup + rlimits), each breach named
+    sandbox/        bubblewrap around each run's launcher: loopback only, read-only harness, one folder
+                    writable, a uid of its own, limits (cgroup + rlimits), each breach named; a module
+                    per concern (bubblewrap, uid, cgroups, seccomp, limits, monitor, enter)
     job.py          one submission graded in a process of its own (grading.plan_grade, execute); what
                     it observed stored, so verdicts can be recomputed without training
     pool.py         up to N jobs at once, each on a slot (its GPUs), stopped together

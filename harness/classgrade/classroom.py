@@ -1,7 +1,7 @@
 """A class graded: every student's program, side by side, into a gradebook (`distlab grade-class`).
 
 Each submission (submissions.py) is graded as `distlab grade --program LAB=PATH` grades one, by a job
-process of its own (job.py) in the sandbox (sandbox.py), up to N at once (pool.py), or each a task of a
+process of its own (job.py) in the sandbox (sandbox/), up to N at once (pool.py), or each a task of a
 Slurm job array, on its node, graded there the same way (`--slurm`, cluster.py). The class's folder:
 
     <results>/class/<SUBMISSIONS name>/
@@ -21,20 +21,24 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import signal
 import statistics
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.catalog import REPO, find_lab
-from harness.classgrade import cluster, lessons, outputs, rubric, sandbox
+from harness.classgrade import cluster, lessons, outputs, rubric
 from harness.classgrade import job as jobs
 from harness.classgrade.pool import Ended, Pool, default_jobs, gpus_of, job_deadline_s
+from harness.classgrade.sandbox import enter, private
+from harness.classgrade.sandbox.uid import closed_folder
 from harness.classgrade.submissions import Submission, find_submissions
 from harness.console import console
-from harness.files import write_json
+from harness.files import read_json, write_json
 from harness.grading.judge import judge
 from harness.grading.plan import GradePlan
 from harness.run.slurm_array import check_submit_host
@@ -44,6 +48,8 @@ from harness.verdict.pairing import reference_rates
 from labs.common.host import fingerprint
 
 JOB_ERROR = "job-error.txt"  # in a job's folder: the job process failed (not the submission)
+GRADER_PATH = re.compile(r"/[^\s'\",:()]+")  # an absolute path in the grader's own error, shown to no student
+STORED_BYTES = 1 << 30  # a job's observations.json: a smoke class's are under 1 MiB, a full lab's a few MiB
 
 
 @dataclass(frozen=True)
@@ -95,11 +101,11 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
                                key=student.key)
     folder = Path(job["folder"]) if job else None
     if folder is not None and (folder / JOB_ERROR).is_file() and not (folder / jobs.OBSERVATIONS).is_file():
-        return outputs.Outcome(student.id, "error", f"the grader failed: {(folder / JOB_ERROR).read_text().strip()} "
-                               f"(see {folder / 'stdout.log'})", sandboxed=sandboxed, key=student.key)
+        said = GRADER_PATH.sub("…", (folder / JOB_ERROR).read_text().strip())  # the grader's paths are staff's
+        return outputs.Outcome(student.id, "error", f"the grader failed: {said}", sandboxed=sandboxed, key=student.key)
     if folder is None or not (folder / jobs.OBSERVATIONS).is_file():
         return outputs.Outcome(student.id, "pending", "not graded yet", sandboxed=sandboxed, key=student.key)
-    stored = json.loads((folder / jobs.OBSERVATIONS).read_text())
+    stored = read_json(folder / jobs.OBSERVATIONS, STORED_BYTES)  # bounded as the program's: it holds what they left
     done, references = jobs.samples_from_json(stored["done"]), jobs.samples_from_json(stored["references"])
     grade_plan = jobs.plan_for(job, check_runs=False)
     verdicts = judge(grade_plan, done, references)
@@ -126,6 +132,15 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
               if (rate := s.measured.get("img_per_sec")) and (ref := rates.get((lab, ws)))]
     outcome.rate_ratio = statistics.median(ratios) if ratios else None
     return outcome
+
+
+def judging_failed(student: Submission, error: BaseException, sandboxed: bool) -> outputs.Outcome:
+    """The row of a submission whose stored runs could not be judged: "error", said in words a student
+    reads (the kind of error, never the grader's paths or code); the whole traceback on the console."""
+    console.print(f"judging {student.key} failed:\n{''.join(traceback.format_exception(error))}", markup=False)
+    return outputs.Outcome(student.id, "error", f"the grader could not judge what its runs left "
+                           f"({type(error).__name__}); staff can see why in the grade's log and grade it by hand",
+                           sandboxed=sandboxed, key=student.key)
 
 
 # ------------------------------------------------------------------------------------ the class
@@ -173,10 +188,15 @@ class Classroom:
         return todo
 
     def outcome(self, student: Submission) -> outputs.Outcome:
-        """The student's outcome, judged from its stored job once (when it ends, or at the end)."""
+        """The student's outcome, judged from its stored job once (when it ends, or at the end). Judged
+        in isolation: whatever its runs left that the judging cannot take makes this row "error" (a
+        reason the student can read, no path of the grader's), never the class's end."""
         if student.key not in self.outcomes:
-            self.outcomes[student.key] = outcome_of(student, self.stored[student.key], self.rubric,
-                                                    self.request.sandboxed)
+            try:
+                self.outcomes[student.key] = outcome_of(student, self.stored[student.key], self.rubric,
+                                                        self.request.sandboxed)
+            except Exception as error:  # noqa: BLE001 - any error of one submission's judging is that row's
+                self.outcomes[student.key] = judging_failed(student, error, self.request.sandboxed)
         return self.outcomes[student.key]
 
 
@@ -192,11 +212,11 @@ def open_class(request: ClassRequest) -> Classroom:
         raise UsageError(f"no rubric ships for lab {request.lab}; give one with --rubric (format: {rubric.DEFAULT})")
     the_rubric = rubric.load(rubric_path)
     if request.sandboxed and not request.regrade:
-        refusal = sandbox.refusal(request.sandbox)
+        refusal = enter.refusal(request.sandbox)
         if refusal:
             raise UsageError(refusal)
     if request.sandbox == "uid" and not request.regrade:
-        closed = sandbox.closed_folder(request.results.resolve().parent)
+        closed = closed_folder(request.results.resolve().parent)
         if closed is not None:  # the job's uid reaches its run folders through every folder above them
             raise UsageError(f"--sandbox uid: the results folder lies below {closed}, which other users may not "
                              f"pass through (chmod o+x {closed}), or give --results a folder outside it")
@@ -274,11 +294,22 @@ def finish_job(room: Classroom, ended: Ended, lesson_root: str) -> None:
     elif code and not (folder / jobs.OBSERVATIONS).is_file():  # the harness's failure, not the student's
         lines = jobs.read_log(folder / "stdout.log").strip().splitlines() or ["no output"]
         (folder / JOB_ERROR).write_text(f"job exit code {code}: {lines[-1][:500]}\n")
-    outcome = room.outcome(next(s for s in room.students if s.key == key))
-    outputs.write_student(room.class_dir, outcome, room.rubric, lesson_root)
+    outcome = write_pages(room, next(s for s in room.students if s.key == key), lesson_root)
     points = f", {outcome.score:g} of {room.rubric.max_score:g}" if outcome.score is not None else ""
     console.print(f"finished {key}: {outcome.status}{points}"
                   f"{f' (job exit code {code})' if code else ''}", markup=False)
+
+
+def write_pages(room: Classroom, student: Submission, lesson_root: str) -> outputs.Outcome:
+    """The student's feedback pages; where they cannot be made of what its runs left, its row is
+    "error" (judging_failed) and the pages say that."""
+    outcome = room.outcome(student)
+    try:
+        outputs.write_student(room.class_dir, outcome, room.rubric, lesson_root)
+    except Exception as error:  # noqa: BLE001 - one submission's pages, never the class's end
+        outcome = room.outcomes[student.key] = judging_failed(student, error, room.request.sandboxed)
+        outputs.write_student(room.class_dir, outcome, room.rubric, lesson_root)
+    return outcome
 
 
 def run_jobs(room: Classroom, todo: list[Submission], lesson_root: str) -> None:
@@ -351,14 +382,12 @@ def grade_class(request: ClassRequest) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         (run_jobs_on_slurm if request.slurm else run_jobs)(room, todo, lesson_root)
-    except KeyboardInterrupt as stop:
+    except (KeyboardInterrupt, Exception) as stop:  # the grader's own failure too: what finished is written first
         interrupted = stop
     finally:
         signal.signal(signal.SIGTERM, previous)
-    outcomes = [room.outcome(s) for s in room.students]
-    for outcome in outcomes:
-        if outcome.status != "pending":
-            outputs.write_student(room.class_dir, outcome, room.rubric, lesson_root)
+    outcomes = [write_pages(room, s, lesson_root) if room.outcome(s).status != "pending" else room.outcome(s)
+                for s in room.students]
     summary = summary_of(room, outcomes, time.monotonic() - started, interrupted is not None)
     room.class_dir.mkdir(parents=True, exist_ok=True)
     outputs.gradebook_csv(room.class_dir / "gradebook.csv", room.rubric, outcomes)
@@ -378,10 +407,7 @@ def make_private(room: Classroom) -> None:
     os.umask(0o077)
     request = room.request
     for top in (request.submissions.resolve(), room.class_dir):
-        if top.is_dir():
-            for path in [top, *top.rglob("*")]:
-                if not path.is_symlink():
-                    os.chmod(path, os.stat(path).st_mode & ~0o007)
+        private.close_to_others(top)  # by descriptors: a folder past PATH_MAX left in a run is no stop
     results = request.results.resolve()
     for folder in (results, results / "class", room.class_dir, room.class_dir / "jobs"):
         folder.mkdir(parents=True, exist_ok=True)

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.catalog import REPO
-from harness.classgrade import sandbox
 from harness.classgrade.pool import STOP_GRACE_S, Ended, Pool, job_deadline_s
+from harness.classgrade.sandbox.cgroups import Cgroup, job_cgroup_name
 from harness.console import console
 from harness.files import write_json
 from harness.grading.plan import GradePlan
@@ -46,13 +46,13 @@ TASK = "task"  # the array's files: task-<i>.out, task-<i>.jobid, task-<i>.json
 
 def start_job(pool: Pool, slot: int, job: dict[str, Any]) -> None:
     """The job's process started on `slot`: by the class's pool on this host, or by an array task on its node."""
-    for name in (sandbox.job_cgroup_name(job), f"{sandbox.job_cgroup_name(job)}-grader"):
-        sandbox.Cgroup.remove_named(name)  # an earlier grade of it killed (on this host) before its clean-up
+    for name in (job_cgroup_name(job), f"{job_cgroup_name(job)}-grader"):
+        Cgroup.remove_named(name)  # an earlier grade of it killed (on this host) before its clean-up
     env = dict(os.environ)
     if job["gpus"] is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job["gpus"]))
     pool.start(slot, job["id"], Path(job["folder"]) / "job.json", env, deadline_s=job["deadline_s"],
-               cgroup_name=f"{sandbox.job_cgroup_name(job)}-grader")
+               cgroup_name=f"{job_cgroup_name(job)}-grader")
 
 
 def array_name(folder: Path) -> str:

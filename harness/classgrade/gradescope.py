@@ -142,13 +142,13 @@ def sandbox_mode() -> str:
     else "uid" (grade-class --sandbox uid: a uid of its own, its limits, the grader's files private)
     where it runs as root and a job's uid can run this Python, else "none" (--no-sandbox). Every page
     and results.json says which (extra_data.distlab.sandbox)."""
-    from harness.classgrade import sandbox
+    from harness.classgrade.sandbox import enter
 
     if os.geteuid() != 0:  # grade-class gives each job a uid and a cgroup of its own: root
         return "none"
-    if sandbox.refusal("bwrap") is None:
+    if enter.refusal("bwrap") is None:
         return "bwrap"
-    return "uid" if sandbox.refusal("uid") is None else "none"
+    return "uid" if enter.refusal("uid") is None else "none"
 
 
 SANDBOX_FLAGS = {"bwrap": ["--sandbox", "bwrap"], "uid": ["--sandbox", "uid"], "none": ["--no-sandbox"]}
@@ -158,22 +158,16 @@ def make_private(source: Path, results: Path) -> None:
     """uid mode, Gradescope's advice: the bundle's source and the results closed to other users
     (chmod o=), but for what a job's uid must read (the harness, the labs, the environment) and the
     folders on the way to them (o+x: passed through, never listed)."""
+    from harness.classgrade.sandbox import private
+
     for top in (source, results):
-        if top.is_dir():
-            for path in [top, *top.rglob("*")]:
-                if not path.is_symlink():
-                    os.chmod(path, os.stat(path).st_mode & ~0o007)
+        private.close_to_others(top)  # by descriptors: no path too long, no link followed
     checkout = source / "distlab"
     for folder in (source, checkout):
         if folder.is_dir():
             os.chmod(folder, os.stat(folder).st_mode | 0o001)
     for part in ("harness", "labs", ".venv", "venv"):
-        top = checkout / part
-        if top.is_dir():
-            for path in [top, *top.rglob("*")]:
-                if not path.is_symlink():
-                    mode = os.stat(path).st_mode
-                    os.chmod(path, mode | 0o004 | (0o001 if path.is_dir() or mode & 0o100 else 0))
+        private.open_to_others(checkout / part)
 
 
 # ------------------------------------------------------------------------------------ the results
@@ -287,6 +281,9 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 def main(argv: list[str]) -> int:
     started = time.monotonic()
+    # Private by default: everything the runner writes (the rubric with its hidden items, the grade's
+    # log, the results) is root's alone; a job's uid reads only what is opened to it (make_private).
+    os.umask(0o077)
     config_path = Path(argv[0])
     config: dict[str, Any] = {}
     root = config_path.resolve().parent.parent  # <root>/source/autograder.json

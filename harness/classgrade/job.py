@@ -1,7 +1,7 @@
 """One submission graded, in a process of its own: `python -m harness.classgrade.job JOB.json`.
 
 Graded as `distlab grade --program LAB=PATH` grades one (grading.plan_grade, grading.execute, the
-same verdicts: grading.judge), with each run's launcher inside the job's sandbox (sandbox.py). Whatever the grade
+same verdicts: grading.judge), with each run's launcher inside the job's sandbox (sandbox/). Whatever the grade
 observed is stored in the job's folder before anything is concluded from it:
 
     <job>/job.json           what to grade: the submission, the lab, the profile, the limits, the slot
@@ -23,6 +23,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import stat
 import sys
 import time
@@ -31,7 +32,13 @@ from typing import Any
 
 from harness import files
 from harness.catalog import REPO
-from harness.classgrade import sandbox, submissions
+from harness.classgrade import submissions
+from harness.classgrade.sandbox import enter, private
+from harness.classgrade.sandbox.cgroups import Cgroup, job_cgroup_name
+from harness.classgrade.sandbox.limits import Limits, size_text
+from harness.classgrade.sandbox.monitor import Monitor, denials
+from harness.classgrade.sandbox.spec import REPOSITORY_PARTS, Spec, base_read_only
+from harness.classgrade.sandbox.uid import claim_uid, end_processes_of, remove_scratch
 from harness.console import printable
 from harness.grading import samples as run_samples
 from harness.grading.execute import execute
@@ -89,15 +96,15 @@ PATH_ERROR = re.compile(r"(PermissionError|FileNotFoundError|OSError|IsADirector
 
 
 def refusals(run_dirs: list[Path], hidden: list[str], own: list[str]) -> list[str]:
-    """The sandbox's refusals the program's runs printed (sandbox.DENIALS), by name; and the paths
+    """The sandbox's refusals the program's runs printed (sandbox/monitor.DENIALS), by name; and the paths
     it was refused that are the grader's or another submission's, each named once."""
     texts = [read_log(log) for run_dir in run_dirs for log in [run_dir / "launcher.log", *run_dir.glob("rank.*.log")]]
-    found = sandbox.denials(texts)
+    found = denials(texts)
 
     def under(path: str, roots: list[str]) -> bool:
         return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
-    shown = [str(REPO / part) for part in sandbox.REPOSITORY_PARTS]  # the checkout's parts in the sandbox
+    shown = [str(REPO / part) for part in REPOSITORY_PARTS]  # the checkout's parts in the sandbox
     for text in texts:
         for kind, path in PATH_ERROR.findall(text):
             path = printable(path)
@@ -128,7 +135,7 @@ def forged_observations(run_dirs: list[Path], program_pids: set[int]) -> list[st
                          "switched off, or the program exited past Python's exit handlers)")
         for path in written:
             try:
-                pid = json.loads(files.read_regular_file(path, 64 << 20)).get("pid")
+                pid = files.read_json(path, 64 << 20).get("pid")
             except (OSError, ValueError, AttributeError):
                 found.append(f"{run_dir.name}/{OBSERVE_DIR}/{path.name} is not the observer's (unreadable)")
                 continue
@@ -152,7 +159,7 @@ def entries_left(done: dict[Cell, list[Sample]]) -> tuple[list[str], list[str]]:
 
 def _run_ok(run_dir: Path) -> bool:
     try:
-        return json.loads(files.read_regular_file(run_dir / "run.json", 1 << 20)).get("status") == "ok"
+        return files.read_json(run_dir / "run.json", 1 << 20).get("status") == "ok"
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -189,26 +196,27 @@ def own_copy(job: dict[str, Any], target: Path, uid: int) -> dict[str, str]:
 def run_job(job_path: Path) -> int:
     job = json.loads(job_path.read_text())
     folder = Path(job["folder"])
-    limits = sandbox.Limits(**job["limits"])
+    limits = Limits(**job["limits"])
     cgroup = monitor = None
     prefix: list[str] = []
     uid = claim = None
+    scratch: list[tuple[str, int]] = []  # uid mode: what it left in /tmp, /var/tmp, /dev/shm (removed)
     mode = job.get("sandbox_mode", "bwrap" if job["sandboxed"] else "none")
     if job["sandboxed"]:
-        uid, claim = sandbox.claim_uid()  # held until this process ends: the uid is this job's alone
+        uid, claim = claim_uid()  # held until this process ends: the uid is this job's alone
         if mode == "uid":  # the submissions folder is closed to the job's uid: it reads a copy of its own
             job = {**job, **own_copy(job, folder / "submission", uid)}
-        cgroup = sandbox.Cgroup.create(sandbox.job_cgroup_name(job), limits)
-        spec = sandbox.Spec(uid=uid, limits=dataclasses.asdict(limits),
-                            read_only=sandbox.base_read_only() + job.get("data", []), hidden=job["hidden"],
-                            own=[job["submission"]], cgroup_procs=cgroup.procs_files() if cgroup else [],
-                            gpus=job.get("gpus"), mode=mode, job_folder=str(folder))
-        prefix = sandbox.prefix(spec.write(folder / "sandbox.json"))
+        cgroup = Cgroup.create(job_cgroup_name(job), limits)
+        spec = Spec(uid=uid, limits=dataclasses.asdict(limits),
+                    read_only=base_read_only() + job.get("data", []), hidden=job["hidden"],
+                    own=[job["submission"]], cgroup_procs=cgroup.procs_files() if cgroup else [],
+                    gpus=job.get("gpus"), mode=mode, job_folder=str(folder))
+        prefix = enter.prefix(spec.write(folder / "sandbox.json"))
     grade_plan = plan_for(job, prefix)
     done: dict[Cell, list[Sample]] = {}
     references: dict[Cell, list[Sample]] = {}
     if job["sandboxed"]:
-        monitor = sandbox.Monitor(cgroup, folder / "runs", limits, job["program"])
+        monitor = Monitor(cgroup, folder / "runs", limits, job["program"], scratch_uid=uid if mode == "uid" else None)
         monitor.start()
     started = time.monotonic()
     try:
@@ -220,7 +228,11 @@ def run_job(job_path: Path) -> int:
             peak = cgroup.peak_memory()
             cgroup.remove()
         if uid is not None:
-            sandbox.end_processes_of(uid)  # nothing of it outlives the job
+            end_processes_of(uid)  # nothing of it outlives the job
+            if mode == "uid":  # nothing of it reaches the next job of the uid either
+                scratch = remove_scratch(uid)
+                private.hand_back(folder, uid)
+                shutil.rmtree(folder / "submission", ignore_errors=True)
             os.close(claim)
     program_runs = _program_runs(done)
     if monitor is not None and any("timed out after" in (s.reason or "") for runs in done.values()
@@ -233,6 +245,8 @@ def run_job(job_path: Path) -> int:
                "forged": planted + (forged_observations(program_runs, monitor.program_pids)
                                     if monitor is not None and cgroup is not None else []),
                "left": left,
+               "outside": [f"{printable(path)} ({size_text(size)}, counted as its output, removed)"
+                           for path, size in scratch],
                "peak_memory_bytes": peak if cgroup is not None else None,
                "peak_output_bytes": monitor.peak_bytes if monitor else None}
     files.write_json(folder / OBSERVATIONS, {

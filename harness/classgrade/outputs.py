@@ -22,6 +22,7 @@ from typing import Any
 
 from harness.classgrade import lessons
 from harness.classgrade.rubric import Rubric, Score
+from harness.console import printable
 from harness.files import write_bytes, write_json
 from harness.report.pages import figures, md_cell, md_code, md_name, page
 from harness.verdict.verdicts import Verdict
@@ -31,6 +32,12 @@ UNSANDBOXED = ("Graded WITHOUT the sandbox (--no-sandbox): submissions ran with 
 UID_ONLY = ("Graded in the uid sandbox (--sandbox uid, where namespaces are refused): each submission ran as a "
             "uid of its own with its limits, the grader's files private to it; the network and the host's "
             "world-readable files were not hidden (docs/threat-model.md).")
+
+
+def html_text(text: object) -> str:
+    """Text a program could have written, in HTML: escaped, and its control and bidirectional
+    characters shown, not obeyed (a right-to-left override would reorder the page's words)."""
+    return html.escape(printable(str(text)))
 
 
 def mode_banner(mode: str) -> str:
@@ -70,7 +77,8 @@ class Outcome:
         return ([f"stopped: {text}" for text in account.get("breaches", [])]
                 + [f"the sandbox refused it: it {text}" for text in account.get("refusals", [])]
                 + [f"tampering: {text}" for text in account.get("forged", [])]
-                + [f"left in its folder: {text}" for text in account.get("left", [])])
+                + [f"left in its folder: {text}" for text in account.get("left", [])]
+                + [f"left outside its folder: {text}" for text in account.get("outside", [])])
 
 
 def number(value: float | None) -> str:
@@ -168,7 +176,7 @@ def feedback_markdown(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str
 
 
 def feedback_html(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str:
-    e = html.escape
+    e = html_text
     shown = _visible_scores(outcome, rubric)
     parts = [f"<h1>{e(outcome.id)}: {e(rubric.name)}</h1>"]
     if mode_banner(outcome.mode):
@@ -330,7 +338,7 @@ def _lesson(check: str) -> lessons.Lesson | None:
 
 
 def class_page(out_dir: Path, rubric: Rubric, outcomes: list[Outcome], summary: dict[str, Any]) -> Path:
-    e = html.escape
+    e = html_text
     image = _histogram(outcomes, rubric, out_dir / "scores.png")
     counts = failed_checks(outcomes)
     pitfalls = "".join(

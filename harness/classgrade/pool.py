@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.catalog import REPO
-from harness.classgrade import sandbox
+from harness.classgrade.sandbox.cgroups import Cgroup, job_cgroup_name
+from harness.classgrade.sandbox.limits import GIB, Limits, size_text
+from harness.classgrade.sandbox.uid import end_processes_if_unclaimed
 from harness.grading.plan import GradePlan
 from labs.common.host import usable_cores
 
@@ -38,7 +40,7 @@ def gpus_of(slot: int, grade_plan: GradePlan) -> list[int] | None:
 # The grader's own side of a job (its process and the evaluator it starts, both outside the sandbox):
 # what it may use. Evaluating rank 0's ResNet-18 on the CPU peaked at 1.5 GiB here; the rest reads
 # JSON. Past it, or past its deadline, the job is ended and marked, and the class goes on.
-GRADER_LIMITS = sandbox.Limits(memory_bytes=8 * sandbox.GIB, processes=1024)
+GRADER_LIMITS = Limits(memory_bytes=8 * GIB, processes=1024)
 EVALUATOR_S = 300.0  # the most one evaluation may take (observe/accuracy.Evaluator's timeout)
 DEADLINE_MARGIN_S = 120.0  # planning, the job's start, the sweep at its end
 
@@ -63,7 +65,7 @@ class Running:
     folder: Path
     started: float
     deadline_s: float | None
-    cgroup: sandbox.Cgroup | None  # the grader side's own limits (GRADER_LIMITS), where cgroups are writable
+    cgroup: Cgroup | None  # the grader side's own limits (GRADER_LIMITS), where cgroups are writable
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ class Pool:
 
     def start(self, slot: int, student: str, job_path: Path, env: dict[str, str],
               deadline_s: float | None = None, cgroup_name: str | None = None) -> None:
-        group = sandbox.Cgroup.create(cgroup_name, GRADER_LIMITS) if cgroup_name and self.sandboxed else None
+        group = Cgroup.create(cgroup_name, GRADER_LIMITS) if cgroup_name and self.sandboxed else None
 
         def join() -> None:  # in the child, before it runs anything: all it starts is limited with it
             for procs in group.procs_files() if group else []:
@@ -111,7 +113,7 @@ class Pool:
                 reason = f"the grader's job for it ran past its deadline of {job.deadline_s:.0f} s and was ended"
                 self._end([job])
             elif job.cgroup is not None and job.cgroup.oom_kills():
-                reason = (f"the grader's job for it used more than {sandbox.size_text(GRADER_LIMITS.memory_bytes)} "
+                reason = (f"the grader's job for it used more than {size_text(GRADER_LIMITS.memory_bytes)} "
                           "of memory and was ended")
             self._release(job)
             ended.append(Ended(job.student, job.process.returncode, reason))
@@ -145,9 +147,9 @@ class Pool:
             return
         with contextlib.suppress(OSError, ValueError, KeyError):
             spec = json.loads((job.folder / "sandbox.json").read_text())
-            sandbox.end_processes_if_unclaimed(spec["uid"])
+            end_processes_if_unclaimed(spec["uid"])
         with contextlib.suppress(OSError, ValueError, KeyError):
             the_job = json.loads((job.folder / "job.json").read_text())
-            sandbox.Cgroup.remove_named(sandbox.job_cgroup_name(the_job))
+            Cgroup.remove_named(job_cgroup_name(the_job))
         if job.cgroup is not None:
             job.cgroup.remove()

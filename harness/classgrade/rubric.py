@@ -2,7 +2,7 @@
 
     name = "DDP, week 4"
     due = 2026-12-10T23:59:00Z            # optional; items visible "after_due_date" are hidden before it
-    [limits]                              # the sandbox's (sandbox.Limits), all optional
+    [limits]                              # the sandbox's (sandbox/limits.Limits), all optional
     memory_gib = 6, processes = 512, open_files = 4096, output_gib = 2, wall_s = 300, files = 10000, depth = 32
     [[items]]
     name = "each rank its own shard"      # a gradebook column
@@ -32,7 +32,7 @@ import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.classgrade.sandbox import GIB, Limits
+from harness.classgrade.sandbox.limits import GIB, Limits
 from harness.usage import UsageError
 from harness.verdict.profiles import tomllib
 from harness.verdict.verdicts import Verdict, is_lesson

@@ -142,4 +142,21 @@ def find_submissions(root: Path) -> list[Submission]:
         except (OSError, ValueError) as error:
             found.append(Submission(shown(entry.name), entry, None, f"it cannot be read: {shown(str(error))}",
                                     key=key_of(entry.name)))
+    return _refuse_ambiguous(found)
+
+
+def _refuse_ambiguous(found: list[Submission]) -> list[Submission]:
+    """Entries that name the same student (`alice/` and `alice.py`): neither is graded (which one the
+    student meant is theirs to say), each refused by name under a key of its own entry's name."""
+    by_key: dict[str, list[Submission]] = {}
+    for sub in found:
+        by_key.setdefault(sub.key, []).append(sub)
+    for same in (subs for subs in by_key.values() if len(subs) > 1):
+        names = " and ".join(f"{shown(s.path.name)}{'/' if s.path.is_dir() else ''}" for s in same)
+        for sub in same:
+            sub.problem = f"ambiguous: {names} are both this student's submission; keep one"
+            sub.program, sub.key = None, key_of(sub.path.name)
+    keys = [s.key for s in found]
+    for sub in (s for s in found if keys.count(s.key) > 1):  # a folder named alice.py beside alice.py.py...
+        sub.key = f"submission-{hashlib.sha256(os.fsencode(sub.path.name) + b'/').hexdigest()[:12]}"
     return found

@@ -27,7 +27,7 @@ from harness.verdict.verdicts import Sample
 
 # Of a run's folder, what the grader reads past its own files: the record and the observer's folder.
 READ_BY_THE_GRADER = ("record.json", f"{OBSERVE_DIR}/")
-INSPECT_ENTRIES = 100_000  # the sandbox stops a program at far fewer (classgrade/sandbox.Limits.files)
+INSPECT_ENTRIES = 100_000  # the sandbox stops a program at far fewer (classgrade/sandbox/limits.Limits.files)
 
 
 def inspect_run_dir(run_dir: Path) -> list[str]:
@@ -42,7 +42,11 @@ def inspect_run_dir(run_dir: Path) -> list[str]:
 
 def tampers_with_the_grader(untrusted: list[str]) -> list[str]:
     """The entries of `inspect_run_dir` that stand where the grader reads (or its walk's error)."""
-    return [entry for entry in untrusted if entry.startswith(READ_BY_THE_GRADER) or entry.startswith("the run folder")]
+    def read_by_the_grader(entry: str) -> bool:
+        name = entry.rsplit(" is ", 1)[0]  # "PATH is KIND"; a link in place of observe/ itself counts too
+        return name.startswith(READ_BY_THE_GRADER) or name == OBSERVE_DIR
+
+    return [entry for entry in untrusted if read_by_the_grader(entry) or entry.startswith("the run folder")]
 
 
 def sample_of(result: RunResult) -> Sample:

@@ -22,7 +22,6 @@ record claiming much more is a contradicted claim (compare_claims).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -124,7 +123,7 @@ class Observations:
 
 def read_rank_file(path: Path) -> dict[str, Any]:
     """One rank's observations as the schema has them; ValueError (or OSError) naming what is wrong."""
-    data = json.loads(files.read_regular_file(path, RANK_FILE_LIMIT))
+    data = files.read_json(path, RANK_FILE_LIMIT)  # bounded: no NaN, no key twice, nesting limited
     if not isinstance(data, dict) or data.get("schema") != OBSERVATIONS_SCHEMA:
         found = data.get("schema") if isinstance(data, dict) else type(data).__name__
         raise ValueError(f"not the observer's format: schema {found!r}")
@@ -138,6 +137,9 @@ def load(observe_dir: Path | str) -> Observations:
     """Every rank.<r>.json the observer wrote under observe_dir, and its error files."""
     directory = Path(observe_dir)
     observations = Observations(directory)
+    if directory.is_symlink():  # where the folder is expected, a link: tampering, never followed
+        observations.problems.append(f"{directory.name} is a symbolic link, not the observer's folder (never followed)")
+        return observations
     for path in sorted(directory.glob(RANK_FILES)):
         try:
             data = read_rank_file(path)

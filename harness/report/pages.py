@@ -28,7 +28,7 @@ from rich.table import Table
 
 from harness.catalog import REPO
 from harness.console import printable
-from harness.files import read_regular_file, write_json
+from harness.files import read_json, write_json
 from harness.report.plots import grade_plots
 from harness.verdict.verdicts import Sample, Verdict
 
@@ -196,7 +196,7 @@ def _xml_text(text: str) -> str:
 def _run_account(run_dir: str) -> dict[str, Any]:
     """The harness's own run.json of a run (read with a limit: it lies in a folder the program could write)."""
     try:
-        account = json.loads(read_regular_file(Path(run_dir) / "run.json", RUN_JSON_BYTES))
+        account = read_json(Path(run_dir) / "run.json", RUN_JSON_BYTES)
     except (OSError, ValueError):
         return {}
     return account if isinstance(account, dict) else {}

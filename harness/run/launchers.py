@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.files import TooDeep, walk
 from labs.common.host import usable_cores
 
 
@@ -186,18 +187,30 @@ def find_tool(name: str, python: str = sys.executable) -> str | None:
     return str(beside) if beside.exists() else shutil.which(name)
 
 
-# Where each launcher keeps a rank's output, under the run's logs/ folder.
-def _rank_logs_torchrun(log_dir: Path) -> dict[int, list[Path]]:
+def _rank_files(log_dir: Path, pattern: re.Pattern[str], max_depth: int) -> dict[int, list[Path]]:
+    """The entries below logs/ whose path matches `pattern` (group 1: the rank), found by the descriptor
+    walk: no link followed (logs/ is the program's to change), a folder name that is no rank number
+    passed over, never an error; what the walk could not reach is left out."""
     logs: dict[int, list[Path]] = {}
-    for path in sorted(log_dir.glob("*/attempt_*/*/std*.log")):  # one folder per restart attempt
-        logs.setdefault(int(path.parent.name), []).append(path)
-    return logs
+    with contextlib.suppress(OSError, TooDeep):
+        for name, info, _, _ in walk(log_dir, max_depth):
+            match = pattern.fullmatch(name)
+            if match and not stat.S_ISDIR(info.st_mode):
+                logs.setdefault(int(match.group(1)), []).append(log_dir / name)
+    return {rank: sorted(paths) for rank, paths in sorted(logs.items())}
+
+
+# Where each launcher keeps a rank's output, under the run's logs/ folder.
+TORCHRUN_LOGS = re.compile(r"[^/]+/attempt_[^/]+/(\d{1,6})/std[^/]*\.log")  # one folder per restart attempt
+HOROVODRUN_LOGS = re.compile(r"rank\.(\d{1,6})/std[^/]*")  # --output-filename DIR: DIR/rank.N/stdout
+
+
+def _rank_logs_torchrun(log_dir: Path) -> dict[int, list[Path]]:
+    return _rank_files(log_dir, TORCHRUN_LOGS, 4)
 
 
 def _rank_logs_horovodrun(log_dir: Path) -> dict[int, list[Path]]:
-    logs: dict[int, list[Path]] = {}
-    for path in sorted(log_dir.glob("rank.*/std*")):  # --output-filename DIR: DIR/rank.N/stdout
-        logs.setdefault(int(path.parent.name.split(".")[1]), []).append(path)
+    logs = _rank_files(log_dir, HOROVODRUN_LOGS, 3)
     return logs or _split_tagged(log_dir, HOROVOD_TAG)  # one rank: no files, tagged lines
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from harness.console import printable
-from harness.files import NotARegularFile, copy_regular_file, read_regular_file, replace
+from harness.files import NotARegularFile, read_below, read_regular_file, replace
 from harness.run.launchers import LAUNCHERS
 from harness.run.request import RunRequest
 
@@ -95,14 +95,22 @@ class OutputPump(threading.Thread):
                         break
 
 
-def gather_rank_logs(request: RunRequest, run_dir: Path) -> dict[int, Path]:
-    """One rank.<r>.log per rank, whatever layout the launcher used, byte for byte.
+# Of each part of a rank's log, the tail kept: a lab's smoke run prints a few KiB, a full one under 1
+# MiB; sparse files of 1 GiB each left in logs/ would otherwise become gigabytes written by root.
+RANK_LOG_BYTES = 8 << 20
 
-    Only regular files are read (a FIFO or a link the program left in logs/ is skipped), and each
-    rank.<r>.log is written by rename.
+
+def gather_rank_logs(request: RunRequest, run_dir: Path) -> dict[int, Path]:
+    """One rank.<r>.log per rank of the run, whatever layout the launcher used, each part's last
+    RANK_LOG_BYTES as they are.
+
+    Only regular files are read, each by the folders' descriptors (a FIFO or a link the program left in
+    logs/, or a link where a folder was, is never followed: noted, not read); folders named as ranks the
+    run does not have are passed over; each rank.<r>.log is written by rename.
     """
     gathered = {}
-    for rank, parts in sorted(LAUNCHERS[request.launcher].rank_logs(run_dir / "logs").items()):
+    found = LAUNCHERS[request.launcher].rank_logs(run_dir / "logs")
+    for rank, parts in sorted((rank, parts) for rank, parts in found.items() if rank < max(request.world_size, 1)):
         target = run_dir / f"rank.{rank}.log"
         fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=f".{target.name}.", suffix=".tmp")
         try:
@@ -110,9 +118,13 @@ def gather_rank_logs(request: RunRequest, run_dir: Path) -> dict[int, Path]:
                 for part in parts:
                     out.write(f"==> {part.relative_to(run_dir)} <==\n".encode())
                     try:
-                        copy_regular_file(part, out)
-                    except NotARegularFile as refused:  # left there by the program: not read
+                        kept = read_below(run_dir, str(part.relative_to(run_dir)), RANK_LOG_BYTES, tail=True)
+                    except (NotARegularFile, OSError) as refused:  # left there by the program: not read
                         out.write(f"(not read: {refused})\n".encode())
+                        continue
+                    if len(kept) == RANK_LOG_BYTES:
+                        out.write(f"(its last {RANK_LOG_BYTES >> 20} MiB)\n".encode())
+                    out.write(kept)
             replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):

@@ -10,21 +10,18 @@ finite and within MAX_NUMBER.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from pathlib import Path
 from typing import Any
 
 from harness import schema_check
-from harness.files import read_regular_file
+from harness.files import JSON_NUMBER, UntrustedJSON, parse_json, read_regular_file
 from harness.schema_check import RECORD_SCHEMA
 from labs.common.contract import SCHEMA, SCHEMA_VERSION
 
 MAX_RECORD_BYTES = 8 << 20  # the largest record a lab writes is a few hundred KiB
 MAX_DEPTH = 64  # nesting of objects and arrays; the contract's deepest is 4
-MAX_NUMBER = 2.0 ** 63  # any metric beyond a 64-bit integer's range is a mistake, not a measurement
-MAX_INT_DIGITS = 20
+MAX_NUMBER = JSON_NUMBER  # any metric beyond a 64-bit integer's range is a mistake, not a measurement
 
 STATUSES = ("ok", "failed")
 
@@ -109,60 +106,13 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def parse(text: str, source: str = "record") -> Any:
-    """JSON with limits: nesting at most MAX_DEPTH, no NaN or Infinity, numbers within MAX_NUMBER."""
-    depth = _nesting(text)
-    if depth > MAX_DEPTH:
-        raise RecordError(f"{source}: nested {depth} levels deep, more than the {MAX_DEPTH} a record may have")
+    """JSON with limits (files.parse_json, the one parser of what a program wrote): nesting at most
+    MAX_DEPTH, no NaN or Infinity, numbers within MAX_NUMBER, no key twice."""
     try:
-        return json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int, parse_float=_bounded_float)
-    except json.JSONDecodeError as error:
-        raise RecordError(f"{source}: not valid JSON ({error.msg} at line {error.lineno}); "
-                          "the record is corrupt") from None
-    except _NumberError as error:
-        raise RecordError(f"{source}: {error}; the record is refused") from None
-    except RecursionError:  # _nesting bounds it; kept as a last net
-        raise RecordError(f"{source}: nested too deeply; the record is refused") from None
-
-
-class _NumberError(ValueError):
-    pass
-
-
-def _refuse_constant(name: str) -> Any:
-    raise _NumberError(f"{name} is not a number JSON allows (a metric must be finite)")
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS or abs(int(text)) > MAX_NUMBER:
-        raise _NumberError(f"the number {text[:24]}{'...' if len(text) > 24 else ''} is out of range "
-                           f"(at most {MAX_NUMBER:.3g} in size)")
-    return int(text)
-
-
-def _bounded_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value) or abs(value) > MAX_NUMBER:
-        raise _NumberError(f"the number {text[:24]} is out of range (at most {MAX_NUMBER:.3g} in size)")
-    return value
-
-
-_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
-_BRACKET = re.compile(r"[\[\]{}]")
-
-
-def _nesting(text: str) -> int:
-    """How deeply arrays and objects nest in JSON text (strings skipped), without recursion."""
-    depth = deepest = 0
-    for match in _BRACKET.finditer(_STRING.sub('""', text)):
-        if match.group() in "[{":
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > MAX_DEPTH:
-                    break
-        else:
-            depth -= 1
-    return deepest
+        return parse_json(text, MAX_DEPTH)
+    except UntrustedJSON as error:
+        how = "is corrupt" if str(error).startswith("not valid JSON") else "is refused"
+        raise RecordError(f"{source}: {error}; the record {how}") from None
 
 
 def _check_values(node: Any, source: str, where: str = "", depth: int = 0) -> None:

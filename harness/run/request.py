@@ -42,7 +42,7 @@ class RunRequest:
     # its optimizer steps, saves, process group and final weights, written to <run dir>/observe.
     observe: bool = True
     backend_reason: str = ""  # why this backend: asked for, or the hardware rule (catalog.backend_for)
-    # A command the launcher runs inside (`distlab grade-class`: harness/classgrade/sandbox.py), before
+    # A command the launcher runs inside (`distlab grade-class`: harness/classgrade/sandbox/enter.py), before
     # the launcher's own line; RUN_DIR_PLACEHOLDER in it names the run directory. Empty: none.
     sandbox: list[str] = field(default_factory=list)
 

@@ -1,0 +1,135 @@
+"""The job's cgroup: memory and process limits (v2 where its controllers are delegated, else v1)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.classgrade.sandbox.limits import Limits
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def job_cgroup_name(job: dict[str, Any]) -> str:
+    """The cgroup of a job's runs (job.py makes it, the pool removes it if the job could not)."""
+    return f"{job['class_id']}-{job['id']}"
+
+
+
+class Cgroup:
+    """The job's memory and process limits: cgroup v2 where its controllers are delegated, else
+    v1's memory and pids hierarchies; `None` from `create` where neither is writable."""
+
+    def __init__(self, dirs: dict[str, Path], version: int) -> None:
+        self.dirs, self.version = dirs, version
+
+    @classmethod
+    def layout(cls, name: str) -> Cgroup | None:
+        """Where the cgroup of this name lives on this host (made or not): v2 where its memory and pids
+        controllers are there, else v1's two hierarchies; None where neither is."""
+        unified = CGROUP_ROOT / "cgroup.controllers"
+        with contextlib.suppress(OSError):
+            if unified.is_file() and {"memory", "pids"} <= set(unified.read_text().split()):
+                top = CGROUP_ROOT / "distlab"
+                return cls({"memory": top / name, "pids": top / name}, 2)
+        if (CGROUP_ROOT / "memory").is_dir() and (CGROUP_ROOT / "pids").is_dir():
+            return cls({kind: CGROUP_ROOT / kind / "distlab" / name for kind in ("memory", "pids")}, 1)
+        return None
+
+    @classmethod
+    def create(cls, name: str, limits: Limits) -> Cgroup | None:
+        group = cls.layout(name)
+        try:
+            if group is None:
+                return None
+            if group.version == 2:
+                top = CGROUP_ROOT / "distlab"
+                top.mkdir(exist_ok=True)
+                with contextlib.suppress(OSError):
+                    (top / "cgroup.subtree_control").write_text("+memory +pids")
+            for path in set(group.dirs.values()):
+                path.mkdir(parents=True, exist_ok=True)
+            group.limit(limits)
+            return group
+        except OSError:
+            return None
+
+    @classmethod
+    def remove_named(cls, name: str) -> None:
+        """Kill what is in the cgroup of this name and remove it, where it is left (a job ended before
+        its own clean-up); nothing where there is none."""
+        group = cls.layout(name)
+        if group is not None and any(path.is_dir() for path in group.dirs.values()):
+            group.remove()
+
+    def _write(self, kind: str, name: str, value: str) -> None:
+        (self.dirs[kind] / name).write_text(value)
+
+    def limit(self, limits: Limits) -> None:
+        if self.version == 2:
+            self._write("memory", "memory.max", str(limits.memory_bytes))
+            with contextlib.suppress(OSError):
+                self._write("memory", "memory.swap.max", "0")
+            self._write("pids", "pids.max", str(limits.processes))
+            return
+        self._write("memory", "memory.limit_in_bytes", str(limits.memory_bytes))
+        with contextlib.suppress(OSError):  # without swap accounting the limit is RAM only
+            self._write("memory", "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
+        self._write("pids", "pids.max", str(limits.processes))
+
+    def procs_files(self) -> list[str]:
+        return sorted({str(path / "cgroup.procs") for path in self.dirs.values()})
+
+    def pids(self) -> list[int]:
+        found: set[int] = set()
+        for name in self.procs_files():
+            with contextlib.suppress(OSError, ValueError):
+                found |= {int(line) for line in Path(name).read_text().split()}
+        return sorted(found)
+
+    def _counter(self, kind: str, filename: str, key: str) -> int:
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.dirs[kind] / filename).read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+        return 0
+
+    def oom_kills(self) -> int:
+        return self._counter("memory", "memory.events" if self.version == 2 else "memory.oom_control", "oom_kill")
+
+    def process_limit_hits(self) -> int:
+        return self._counter("pids", "pids.events", "max")
+
+    def peak_memory(self) -> int | None:
+        name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
+        with contextlib.suppress(OSError, ValueError):
+            return int((self.dirs["memory"] / name).read_text())
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL every process in it, until none is left (a fork bomb refills between reads)."""
+        for _ in range(200):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+
+    def remove(self) -> None:
+        self.kill()
+        for path in set(self.dirs.values()):
+            for _ in range(50):  # the last processes leave a moment after SIGKILL
+                try:
+                    path.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)
