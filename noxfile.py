@@ -231,6 +231,30 @@ def _carried_bytes() -> int:
     return tree + sum(p.stat().st_size for p in GPU_WHEELS.glob("*.whl"))
 
 
+def gpu_host_base() -> tuple[str | None, list[str]]:
+    """Python GPU_PYTHON itself, and what was tried: GPU_PROXY_PYTHON if set, else python3.12 on PATH,
+    then pyenv's installed 3.12s. Each is asked to run first: on a pyenv host, python3.12 on PATH is
+    pyenv's shim, which exits 127 unless 3.12 is the active version (the session ended there, no hint)."""
+    if os.environ.get("GPU_PROXY_PYTHON"):
+        candidates = [os.environ["GPU_PROXY_PYTHON"]]
+    else:
+        pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+        installed = sorted(pyenv.glob(f"versions/{GPU_PYTHON}.*/bin/python{GPU_PYTHON}"), reverse=True)
+        candidates = [c for c in (shutil.which(f"python{GPU_PYTHON}"), *map(str, installed)) if c]
+    tried = []
+    for candidate in candidates:
+        try:
+            done = subprocess.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                  capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as error:
+            tried.append(f"{candidate} ({error})")
+            continue
+        if done.returncode == 0 and done.stdout.strip() == GPU_PYTHON:
+            return candidate, tried
+        tried.append(f"{candidate} (exit {done.returncode}{', Python ' + done.stdout.strip() if done.stdout else ''})")
+    return None, tried
+
+
 def _gpu_host(session: nox.Session) -> Path:
     """The GPU machine's python3 rebuilt here: a venv of Python 3.12 holding GPU_HOST_PACKAGES (the CUDA 13
     torch wheels run on CPUs; 5 GB, so made once and kept in ~/.cache/distlab/gpu-host)."""
@@ -238,9 +262,11 @@ def _gpu_host(session: nox.Session) -> Path:
     python, made = home / "bin" / "python3", home / ".distlab-made"
     if made.is_file() and made.read_text() == " ".join(GPU_HOST_PACKAGES):
         return python
-    base = os.environ.get("GPU_PROXY_PYTHON") or shutil.which(f"python{GPU_PYTHON}")
+    base, tried = gpu_host_base()
     if not base:
-        session.error(f"needs Python {GPU_PYTHON} (pyenv install {GPU_PYTHON}, or set GPU_PROXY_PYTHON=/path/to/it)")
+        seen = "; ".join(tried) or f"no python{GPU_PYTHON} on PATH"
+        session.error(f"needs Python {GPU_PYTHON} ({seen}): pyenv install {GPU_PYTHON}, or set GPU_PROXY_PYTHON="
+                      f"$(pyenv root)/versions/{GPU_PYTHON}.<x>/bin/python{GPU_PYTHON}")
     shutil.rmtree(home, ignore_errors=True)
     session.run(base, "-m", "venv", str(home), external=True)
     session.run(str(python), "-m", "pip", "install", "--quiet", *GPU_HOST_PACKAGES, external=True)
@@ -417,6 +443,7 @@ def gradescope(session: nox.Session) -> None:
     session.log(f"gradescope: {time.monotonic() - started:.0f} s in all; figures in results/gradescope/summary.json")
 
 
+@nox.session(venv_backend="none", requires=["env"], default=False)
 def k8s(session: nox.Session) -> None:
     """The Kubernetes manifests run with podman as their operators would (PyTorchJob, TrainJob, MPIJob)."""
     if os.geteuid() != 0:

@@ -321,6 +321,31 @@ def test_both_plans_have_the_same_rows_the_proxy_on_the_cpus(cpu_proxy, tmp_path
     assert "horovod" not in without.labs and len(without.labs) == len(acceptance.ROWS) - 1
 
 
+def test_bus_bandwidth_at_world_size_1_is_not_judged():
+    """busbw is 2(n-1)/n of the algorithm bandwidth: 0 at one rank. The proxy's grade judged
+    allreduce_bench "0 >= 0.3 x 0", a check that no program can fail."""
+    runs = {ws: [Sample("/r", "ok", None, 3.0, {"metrics": {"avg_busbw_gbps": rate}})] for ws, rate in ((1, 0.0),)}
+    assert "metrics" not in calibrate.derive_lab({"world_sizes": [1]}, "avg_busbw_gbps", runs)
+    runs[2] = [Sample("/r", "ok", None, 3.0, {"metrics": {"avg_busbw_gbps": 1.25}})]
+    band = calibrate.derive_lab({"world_sizes": [1, 2]}, "avg_busbw_gbps", runs)["metrics"]["avg_busbw_gbps"]
+    assert band["expected"] == {"2": 1.25}  # world size 2 keeps its band
+
+
+def test_a_doctor_that_crashes_is_a_failed_step_not_one_that_named_a_problem(tmp_path):
+    """doctor exits 1 both when it names a problem (its facts on stdout: ok) and when it crashes
+    (a traceback, an empty doctor.json): only the product tells them apart. The program stands in
+    for a doctor that crashed."""
+    crash = tmp_path / "crash.py"
+    crash.write_text("import sys\nsys.stderr.write('Traceback ...')\nsys.exit(1)\n")
+    step = acceptance.Step("doctor", [], 1, stdout_to=tmp_path / "doctor.json", ok_codes=(0, 1), script=crash)
+    with (tmp_path / "log").open("w") as log:
+        outcome = acceptance.run_step(step, 60.0, dict(os.environ), log, tmp_path)
+    assert outcome["status"] == "failed" and "no JSON on its stdout (doctor.json)" in outcome["note"]
+    crash.write_text("import sys\nprint('{\"problems\": [\"no MPI\"]}')\nsys.exit(1)\n")
+    with (tmp_path / "log").open("w") as log:
+        assert acceptance.run_step(step, 60.0, dict(os.environ), log, tmp_path)["status"] == "ok"
+
+
 def test_a_throughput_band_from_one_run_is_the_widest_not_the_tightest():
     """One run has no spread measured, which is not no spread: (mean - 3 x 0) / mean made the band
     0.7 x that run, and the proxy's grade failed an honest run at 0.60 x the first."""
