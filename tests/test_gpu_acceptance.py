@@ -186,7 +186,10 @@ def test_each_step_gets_its_share_of_the_time_left_and_an_early_end_leaves_it_to
 
 # ------------------------------------------------------- the deadline, enforced (#4, #3)
 
-FAKE = '''
+# Programs standing in for what a step may meet on a lent machine (a process that ignores SIGINT, a
+# hang, a crash), run as the acceptance runs a program of the checkout (Step.script); distlab's own
+# steps run for real in tests/test_gpu_environment.py, from the installed wheel.
+MISBEHAVING = '''
 import json, os, signal, subprocess, sys, time
 what = sys.argv[1]
 if what == "ignores-sigint":
@@ -206,21 +209,19 @@ if what == "last":  # the summary of the steps before it was already written, wh
 
 
 @pytest.fixture
-def fake_distlab(tmp_path, monkeypatch):
-    (tmp_path / "fake").mkdir()
-    (tmp_path / "fake" / "fakedistlab.py").write_text(FAKE)
-    monkeypatch.setattr(acceptance, "DISTLAB_MODULE", "fakedistlab")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+def misbehaving(tmp_path, monkeypatch) -> Path:
+    program = tmp_path / "misbehaving.py"
+    program.write_text(MISBEHAVING)
     monkeypatch.delenv("DISTLAB_ACCEPTANCE_STARTED", raising=False)
-    return dict(os.environ)
+    return program
 
 
-def test_a_step_past_its_limit_is_stopped_and_leaves_no_process(tmp_path, fake_distlab, monkeypatch):
+def test_a_step_past_its_limit_is_stopped_and_leaves_no_process(tmp_path, misbehaving, monkeypatch):
     monkeypatch.setattr(acceptance, "GRACE_S", 1.0)
-    step = acceptance.Step("stubborn", ["ignores-sigint"], 1)
+    step = acceptance.Step("stubborn", ["ignores-sigint"], 1, script=misbehaving)
     with (tmp_path / "log").open("w") as log:
         started = time.monotonic()
-        outcome = acceptance.run_step(step, 3.0, fake_distlab, log, tmp_path)
+        outcome = acceptance.run_step(step, 3.0, dict(os.environ), log, tmp_path)
     assert outcome["status"] == "stopped" and "killed 1 s later" in outcome["note"]
     assert time.monotonic() - started < 30 and outcome["exit_code"] == -signal.SIGKILL
     assert outcome["processes_ended_after"] == 1  # its child, found by the step's token
@@ -250,15 +251,16 @@ def fake_preflight(cpu_proxy, env):
             "torchrun_is_this_pythons": True}, []
 
 
-def test_a_failed_step_is_recorded_the_rest_goes_on_and_everything_is_written_as_it_goes(tmp_path, fake_distlab,
+def test_a_failed_step_is_recorded_the_rest_goes_on_and_everything_is_written_as_it_goes(tmp_path, misbehaving,
                                                                                          monkeypatch):
     for name, value in (("GRACE_S", 2.0), ("RESERVE_S", 3.0), ("MIN_STEP_S", 1.0)):
         monkeypatch.setattr(acceptance, name, value)
     monkeypatch.setattr(acceptance, "preflight", fake_preflight)
     monkeypatch.setattr(acceptance, "horovod_for_cpus", lambda: (False, "not here"))
     monkeypatch.setattr(acceptance, "one_gpu_steps", lambda *a: [
-        acceptance.Step("first", ["first"], 1), acceptance.Step("fails", ["fail"], 1),
-        acceptance.Step("hangs", ["hang"], 2), acceptance.Step("last", ["last"], 1)])
+        acceptance.Step(name, [what], seconds, script=misbehaving)
+        for name, what, seconds in (("first", "first", 1), ("fails", "fail", 1), ("hangs", "hang", 2),
+                                    ("last", "last", 1))])
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     code = acceptance.run(args_for(tmp_path, "--cpu-proxy", "--out", str(tmp_path / "out"), "--deadline", "20"), [])
     assert code == 1
