@@ -92,6 +92,22 @@ def python_without_distlab(venv: Path) -> Path:
     return python
 
 
+@pytest.fixture
+def python_others_may_run():
+    """uid mode runs the job's program with this Python as another user: where it lies below a folder
+    closed to others (pyenv's under /root here), that folder is opened for passing through (o+x, never
+    listing) for the test, and closed again after."""
+    opened = []
+    for folder in Path(os.path.realpath(sys.executable)).parents:
+        mode = os.stat(folder).st_mode
+        if not mode & 0o001:
+            os.chmod(folder, mode | 0o001)
+            opened.append((folder, mode))
+    yield
+    for folder, mode in opened:
+        os.chmod(folder, mode)
+
+
 def run_distlab(args: list[str], timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([DISTLAB, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           stdin=subprocess.DEVNULL)
