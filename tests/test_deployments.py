@@ -31,7 +31,6 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-
 from conftest import python_without_distlab
 
 REPO = Path(__file__).resolve().parent.parent
