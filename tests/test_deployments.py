@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -30,8 +31,9 @@ import zipfile
 from pathlib import Path
 
 import jsonschema
+import k8s_operators
 import pytest
-from conftest import python_without_distlab
+from conftest import HOROVOD, MPI, python_without_distlab
 
 REPO = Path(__file__).resolve().parent.parent
 DISTLAB = str(Path(sys.executable).parent / "distlab")
@@ -102,3 +104,68 @@ def test_the_bundle_grades_a_submission_in_gradescope_s_tree_with_the_uid_sandbo
         assert not os.stat(root / "source" / "rubric.toml").st_mode & 0o007
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------ Kubernetes
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def on_this_host(job: k8s_operators.Job, workspace: Path, mpi_config: Path) -> list[tuple[str, list[str], dict]]:
+    """Each pod that runs distlab, as the pod would run it, with what stands for the cluster mapped to
+    this host: the pods' names to 127.0.0.1 (one host), the rendezvous port to a free one (each pod
+    has its own network there), the image's /workspace and the MPIJob's /etc/mpi to folders here."""
+    names = sorted({name for pod in job.pods for name in pod.names}, key=len, reverse=True)
+    port = str(free_port())
+
+    def here(word: str) -> str:
+        for name in names:
+            word = word.replace(f"{name}:", "127.0.0.1:") if f"{name}:" in word else (
+                "127.0.0.1" if word == name else word)
+        word = word.replace(":29400", f":{port}").replace(":29500", f":{port}")
+        return word.replace("/workspace", str(workspace)).replace("/etc/mpi", str(mpi_config))
+
+    started = []
+    for pod in job.pods:
+        if pod.command[:1] != ["distlab"]:
+            continue  # the MPIJob's workers: sshd, which mpirun reaches (here: this host, no ssh)
+        env = {key: here(value) for key, value in pod.env.items()}
+        env = {**env, **{k: port for k in ("MASTER_PORT", "PET_MASTER_PORT") if k in env}}
+        started.append((pod.name, [here(word) for word in pod.command], env))
+    return started
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["k8s-pytorchjob", "k8s-trainjob", "k8s-mpijob"])
+def test_each_manifest_s_command_runs_on_this_host_as_its_pods_would(name, tmp_path):
+    """`distlab template` renders the manifest; each pod's container command (argv as the kubelet
+    expands it, the env the operator gives, the working folder) runs here, the pods at once. The check
+    lab: seconds long; the operators with podman and the CPU image: nox -s k8s."""
+    if name == "k8s-mpijob" and not (HOROVOD and MPI):
+        pytest.skip("the MPIJob's launcher runs Horovod over mpirun: `make setup` builds them")
+    rendered = tmp_path / "job.yaml"
+    made = subprocess.run([DISTLAB, "template", name, "--lab", "check", "--nodes", "2", "--gpus-per-node", "0",
+                           "--out", str(rendered)], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    job = k8s_operators.plan(rendered.read_text(), key_pair=("unused", "unused"))
+    workspace, mpi_config = tmp_path / "workspace", tmp_path / "etc-mpi"
+    workspace.mkdir()
+    mpi_config.mkdir()
+    slots = sum(1 for pod in job.pods if pod.role == "worker")
+    (mpi_config / "hostfile").write_text(f"localhost slots={max(slots, 2)}\n")  # the workers: this host
+    pods = on_this_host(job, workspace, mpi_config)
+    assert pods and all(argv[0] == "distlab" for _, argv, _ in pods)
+    base = {k: v for k, v in os.environ.items() if k not in ("DISTLAB_OBSERVE_DIR",)}
+    base["PATH"] = f"{Path(sys.executable).parent}:{base.get('PATH', '')}"  # the image's distlab on its PATH
+    running = [(pod, subprocess.Popen(argv, cwd=workspace, env={**base, **env}, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL))
+               for pod, argv, env in pods]
+    outputs = {pod: process.communicate(timeout=600)[0] for pod, process in running}
+    codes = {pod: process.returncode for pod, process in running}
+    assert set(codes.values()) == {0}, {pod: outputs[pod][-2000:] for pod in codes if codes[pod]}
+    runs = [json.loads(p.read_text()) for p in sorted(workspace.glob("results/**/run.json"))]
+    assert runs and {run["status"] for run in runs} == {"ok"}, runs
+    assert max(run["world_size"] for run in runs) == 2
