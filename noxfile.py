@@ -458,6 +458,92 @@ def k8s(session: nox.Session) -> None:
     session.log(f"k8s with {engine}: " + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in timings.items()))
 
 
+# Every place users run distlab, re-proved by `nox -s verify-deploy` (docs/testing.md says when): the
+# session of each, why it may not be possible on a host, and the most minutes it may take. The four
+# together fit 90 minutes on a 2-core machine of this kind (docs/testing.md has the measured table).
+DEPLOY_PLACES = (
+    ("GPU proxy (the borrowed GPU machine's software, on CPUs)", "gpu-proxy", 35),
+    ("Gradescope-like container (the bundle, Gradescope's limits)", "gradescope", 25),
+    ("Kubernetes operators played with podman", "k8s", 20),
+    ("two-node Slurm on this host", "slurm", 10),
+)
+DEPLOY_LOGS = ROOT / ".nox" / "verify-deploy"
+
+
+def deploy_refusal(place: str) -> str | None:
+    """Why a place cannot be proved on this host (one line), or None. What a session would install
+    itself (podman, Slurm's packages: as root, with apt) is not a reason."""
+    root, apt = os.geteuid() == 0, shutil.which("apt-get") is not None
+    engine = shutil.which("podman") or shutil.which("docker")
+    if place == "gpu-proxy":
+        if not shutil.which("bwrap"):
+            return "no bubblewrap to cut the network (as root: apt-get install bubblewrap)"
+        made = next(GPU_HOST_HOME.glob(f"py{GPU_PYTHON}-*/.distlab-made"), None)
+        if made is None and gpu_host_base()[0] is None:
+            return f"no Python {GPU_PYTHON} (pyenv install {GPU_PYTHON}, or set GPU_PROXY_PYTHON to one)"
+    if place in ("gradescope", "k8s") and not engine and not (root and apt):
+        return "no container engine, and podman cannot be installed here (needs root and apt-get)"
+    if place == "k8s" and not root:
+        return "the operators are played with podman as root"
+    if place == "slurm" and not (shutil.which("slurmctld") or (root and apt)):
+        return "no Slurm, and it cannot be installed here (needs root and apt-get: slurm-wlm munge)"
+    return None
+
+
+def first_cause(log: str) -> str:
+    """The line that says why a session failed: the first error or failed assertion, else its last words."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    mine = [line for line in lines if not line.startswith("nox > Session") and not line.startswith("nox > Ran")]
+    for pattern in (r"^E\s+\S", r"^FAILED ", r"error:|Error:|^nox > .*(failed|error)"):
+        found = next((line for line in mine if re.search(pattern, line)), None)
+        if found:
+            return found[:300]
+    return (mine or ["no output"])[-1][:300]
+
+
+@nox.session(name="verify-deploy", default=False, venv_backend="none")
+def verify_deploy(session: nox.Session) -> None:
+    """Every place users run distlab, one after the other: GPU proxy, Gradescope-like container, Kubernetes
+    operators, two-node Slurm; one line each (passed, failed and why, or not possible here and why)."""
+    DEPLOY_LOGS.mkdir(parents=True, exist_ok=True)
+    started, lines, failed = time.monotonic(), [], []
+    budget_s = 90 * 60
+    for title, place, minutes in DEPLOY_PLACES:
+        refusal = deploy_refusal(place)
+        log = DEPLOY_LOGS / f"{place}.log"
+        if refusal:
+            lines.append((title, "not possible here", 0.0, refusal))
+            continue
+        left = budget_s - (time.monotonic() - started)
+        if left < 60:
+            lines.append((title, "not run", 0.0, "the 90 minutes are spent"))
+            failed.append(place)
+            continue
+        began = time.monotonic()
+        with log.open("w") as out:
+            try:
+                done = subprocess.run([sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "-s", place],
+                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      timeout=min(minutes * 60, left), cwd=ROOT)
+                code: int | None = done.returncode
+            except subprocess.TimeoutExpired:
+                code = None
+        seconds = time.monotonic() - began
+        text = log.read_text(errors="replace")
+        if code == 0:
+            lines.append((title, "passed", seconds, str(log.relative_to(ROOT))))
+        else:
+            why = f"past its {min(minutes * 60, left) / 60:.0f} minutes" if code is None else first_cause(text)
+            lines.append((title, "failed", seconds, f"{why} ({log.relative_to(ROOT)})"))
+            failed.append(place)
+        session.log(f"{place}: {lines[-1][1]} in {seconds:.0f} s")
+    table = "\n".join(f"{title:<62} {result:<18} {seconds:6.0f} s  {why}" for title, result, seconds, why in lines)
+    (DEPLOY_LOGS / "table.txt").write_text(table + "\n")
+    session.log(f"verify-deploy, {time.monotonic() - started:.0f} s in all:\n{table}")
+    if failed:
+        session.error(f"failed: {', '.join(failed)}")
+
+
 @nox.session(venv_backend="none", default=False)
 def gpu(session: nox.Session) -> None:
     """On a GPU host, in the GPU image (make image): the GPU acceptance on GPUS GPUs (default: all)."""

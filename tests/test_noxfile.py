@@ -107,3 +107,20 @@ def test_the_gpu_proxy_skips_pyenv_s_shim_and_finds_an_installed_3_12(tmp_path, 
     monkeypatch.setenv("GPU_PROXY_PYTHON", str(shim))  # what a person names is the only one tried
     assert noxfile.gpu_host_base() == (None, [f"{shim} (exit 127)"])
 
+
+
+def test_verify_deploy_names_each_place_s_first_cause_or_why_it_cannot_run_here(monkeypatch):
+    noxfile = noxfile_module(monkeypatch)
+    assert [place for _, place, _ in noxfile.DEPLOY_PLACES] == ["gpu-proxy", "gradescope", "k8s", "slurm"]
+    assert sum(minutes for *_, minutes in noxfile.DEPLOY_PLACES) <= 90
+    log = ("nox > Running session k8s\ncollected 4 items\ntests/test_k8s_operators.py F\n"
+           "E   AssertionError: the launcher exited 1\nE   more\nFAILED tests/test_k8s_operators.py::x\n"
+           "nox > Session k8s failed.\n")
+    assert noxfile.first_cause(log) == "E   AssertionError: the launcher exited 1"
+    assert noxfile.first_cause("nox > Running session slurm\nnox > error: needs Debian's slurm-wlm\n"
+                               "nox > Session slurm failed.") == "nox > error: needs Debian's slurm-wlm"
+    monkeypatch.setattr(noxfile.shutil, "which", lambda name: None)  # a host with none of the tools
+    monkeypatch.setattr(noxfile.os, "geteuid", lambda: 1000)
+    assert "bubblewrap" in noxfile.deploy_refusal("gpu-proxy")
+    assert "no container engine" in noxfile.deploy_refusal("gradescope")
+    assert "no Slurm" in noxfile.deploy_refusal("slurm")
