@@ -396,3 +396,16 @@ def test_the_claim_tolerance_in_bf16_allows_what_two_honest_evaluations_differ_b
     assert accuracy_claim_tolerance(16, "bf16") * 16 == pytest.approx(1, rel=1e-6)  # never under one image
     assert accuracy_claim_tolerance(1024, "bf16") < 0.05
     assert accuracy_claim_tolerance(None, "bf16") == 0.0
+
+
+def test_the_document_a_borrowed_machine_follows_is_filled_in_and_plans_what_the_dry_run_plans():
+    """docs/gpu-acceptance.md had unfilled placeholders and 411 s where the dry run planned 438 s."""
+    import re
+
+    text = (REPO / "docs" / "gpu-acceptance.md").read_text()
+    assert not re.findall(r"\b(?:PROXY_[A-Z_]+|TOLERANCES)\b", text)
+    planned = {h: sum(s for _, s in acceptance.estimate(acceptance.planned_rows(h))) for h in (False, True)}
+    assert f"Without Horovod (that machine): {planned[False]:.0f} s of the {acceptance.DEADLINE_S} s deadline; " \
+           f"with it, {planned[True]:.0f} s." in " ".join(text.split())
+    # The one command there is the one the proxy runs (docker/gpu-acceptance.sh), with its --out.
+    assert 'docker/gpu-acceptance.sh --out "$OUT"' in text
