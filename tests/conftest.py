@@ -87,7 +87,9 @@ def python_without_distlab(venv: Path) -> Path:
     python = venv / "bin" / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    borrowed = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    # This environment's site-packages, and those another .pth line added (nox -s gpu-proxy-tests: the GPU host's).
+    borrowed = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                       *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir())})
     (site / "zz_borrowed_packages.pth").write_text("".join(f"{path}\n" for path in borrowed))
     return python
 
