@@ -24,7 +24,7 @@ DRY_RUN ?= $(if $(findstring n,$(firstword -$(MAKEFLAGS))),1)
 export RUNTIME ENGINE GPUS NP BACKEND LAB_ARGS DRY_RUN
 
 .DEFAULT_GOAL := help
-.PHONY: help setup test lint grade grade-smoke grade-gpu gpu-acceptance gpu-offline gpu-wheels gpu-proxy gpu-proxy-tests doctor data calibrate bench-train bench-allreduce bench-verdict slurm \
+.PHONY: help setup test lint grade grade-smoke grade-gpu gpu-acceptance gpu-offline gpu-wheels gpu-proxy gpu-proxy-tests doctor data calibrate bench-train bench-allreduce bench-verdict slurm verify-deploy \
         image image-cpu image-test gradescope-test gpu clean
 
 help: ## list every target with one line
@@ -84,6 +84,9 @@ bench-allreduce: $(NOX) ## allreduce_bench vs the tightest plain loop of each li
 
 slurm: $(NOX) ## a real two-node Slurm on this host (root, Debian packages): the templates and grade --slurm submitted
 	$(NOX) -s slurm
+
+verify-deploy: $(NOX) ## every place users run it, one after the other (GPU proxy, Gradescope container, k8s, Slurm; up to 90 min)
+	$(NOX) -s verify-deploy
 
 bench-verdict: $(NOX) ## a copy of the DDP lab and its twice-slower mutant graded 10 times each beside two busy processes
 	$(NOX) -s "bench(what='verdict')"

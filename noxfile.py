@@ -231,6 +231,30 @@ def _carried_bytes() -> int:
     return tree + sum(p.stat().st_size for p in GPU_WHEELS.glob("*.whl"))
 
 
+def gpu_host_base() -> tuple[str | None, list[str]]:
+    """Python GPU_PYTHON itself, and what was tried: GPU_PROXY_PYTHON if set, else python3.12 on PATH,
+    then pyenv's installed 3.12s. Each is asked to run first: on a pyenv host, python3.12 on PATH is
+    pyenv's shim, which exits 127 unless 3.12 is the active version (the session ended there, no hint)."""
+    if os.environ.get("GPU_PROXY_PYTHON"):
+        candidates = [os.environ["GPU_PROXY_PYTHON"]]
+    else:
+        pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+        installed = sorted(pyenv.glob(f"versions/{GPU_PYTHON}.*/bin/python{GPU_PYTHON}"), reverse=True)
+        candidates = [c for c in (shutil.which(f"python{GPU_PYTHON}"), *map(str, installed)) if c]
+    tried = []
+    for candidate in candidates:
+        try:
+            done = subprocess.run([candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                  capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as error:
+            tried.append(f"{candidate} ({error})")
+            continue
+        if done.returncode == 0 and done.stdout.strip() == GPU_PYTHON:
+            return candidate, tried
+        tried.append(f"{candidate} (exit {done.returncode}{', Python ' + done.stdout.strip() if done.stdout else ''})")
+    return None, tried
+
+
 def _gpu_host(session: nox.Session) -> Path:
     """The GPU machine's python3 rebuilt here: a venv of Python 3.12 holding GPU_HOST_PACKAGES (the CUDA 13
     torch wheels run on CPUs; 5 GB, so made once and kept in ~/.cache/distlab/gpu-host)."""
@@ -238,9 +262,11 @@ def _gpu_host(session: nox.Session) -> Path:
     python, made = home / "bin" / "python3", home / ".distlab-made"
     if made.is_file() and made.read_text() == " ".join(GPU_HOST_PACKAGES):
         return python
-    base = os.environ.get("GPU_PROXY_PYTHON") or shutil.which(f"python{GPU_PYTHON}")
+    base, tried = gpu_host_base()
     if not base:
-        session.error(f"needs Python {GPU_PYTHON} (pyenv install {GPU_PYTHON}, or set GPU_PROXY_PYTHON=/path/to/it)")
+        seen = "; ".join(tried) or f"no python{GPU_PYTHON} on PATH"
+        session.error(f"needs Python {GPU_PYTHON} ({seen}): pyenv install {GPU_PYTHON}, or set GPU_PROXY_PYTHON="
+                      f"$(pyenv root)/versions/{GPU_PYTHON}.<x>/bin/python{GPU_PYTHON}")
     shutil.rmtree(home, ignore_errors=True)
     session.run(base, "-m", "venv", str(home), external=True)
     session.run(str(python), "-m", "pip", "install", "--quiet", *GPU_HOST_PACKAGES, external=True)
@@ -417,6 +443,7 @@ def gradescope(session: nox.Session) -> None:
     session.log(f"gradescope: {time.monotonic() - started:.0f} s in all; figures in results/gradescope/summary.json")
 
 
+@nox.session(venv_backend="none", requires=["env"], default=False)
 def k8s(session: nox.Session) -> None:
     """The Kubernetes manifests run with podman as their operators would (PyTorchJob, TrainJob, MPIJob)."""
     if os.geteuid() != 0:
@@ -429,6 +456,92 @@ def k8s(session: nox.Session) -> None:
                 *session.posargs, env={"DISTLAB_ENGINE_TESTS": "1", "ENGINE": engine, "IMAGE": qualified})
     timings["jobs"] = time.monotonic() - started
     session.log(f"k8s with {engine}: " + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in timings.items()))
+
+
+# Every place users run distlab, re-proved by `nox -s verify-deploy` (docs/testing.md says when): the
+# session of each, why it may not be possible on a host, and the most minutes it may take. The four
+# together fit 90 minutes on a 2-core machine of this kind (docs/testing.md has the measured table).
+DEPLOY_PLACES = (
+    ("GPU proxy (the borrowed GPU machine's software, on CPUs)", "gpu-proxy", 35),
+    ("Gradescope-like container (the bundle, Gradescope's limits)", "gradescope", 25),
+    ("Kubernetes operators played with podman", "k8s", 20),
+    ("two-node Slurm on this host", "slurm", 10),
+)
+DEPLOY_LOGS = ROOT / ".nox" / "verify-deploy"
+
+
+def deploy_refusal(place: str) -> str | None:
+    """Why a place cannot be proved on this host (one line), or None. What a session would install
+    itself (podman, Slurm's packages: as root, with apt) is not a reason."""
+    root, apt = os.geteuid() == 0, shutil.which("apt-get") is not None
+    engine = shutil.which("podman") or shutil.which("docker")
+    if place == "gpu-proxy":
+        if not shutil.which("bwrap"):
+            return "no bubblewrap to cut the network (as root: apt-get install bubblewrap)"
+        made = next(GPU_HOST_HOME.glob(f"py{GPU_PYTHON}-*/.distlab-made"), None)
+        if made is None and gpu_host_base()[0] is None:
+            return f"no Python {GPU_PYTHON} (pyenv install {GPU_PYTHON}, or set GPU_PROXY_PYTHON to one)"
+    if place in ("gradescope", "k8s") and not engine and not (root and apt):
+        return "no container engine, and podman cannot be installed here (needs root and apt-get)"
+    if place == "k8s" and not root:
+        return "the operators are played with podman as root"
+    if place == "slurm" and not (shutil.which("slurmctld") or (root and apt)):
+        return "no Slurm, and it cannot be installed here (needs root and apt-get: slurm-wlm munge)"
+    return None
+
+
+def first_cause(log: str) -> str:
+    """The line that says why a session failed: the first error or failed assertion, else its last words."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    mine = [line for line in lines if not line.startswith("nox > Session") and not line.startswith("nox > Ran")]
+    for pattern in (r"^E\s+\S", r"^FAILED ", r"error:|Error:|^nox > .*(failed|error)"):
+        found = next((line for line in mine if re.search(pattern, line)), None)
+        if found:
+            return found[:300]
+    return (mine or ["no output"])[-1][:300]
+
+
+@nox.session(name="verify-deploy", default=False, venv_backend="none")
+def verify_deploy(session: nox.Session) -> None:
+    """Every place users run distlab, one after the other: GPU proxy, Gradescope-like container, Kubernetes
+    operators, two-node Slurm; one line each (passed, failed and why, or not possible here and why)."""
+    DEPLOY_LOGS.mkdir(parents=True, exist_ok=True)
+    started, lines, failed = time.monotonic(), [], []
+    budget_s = 90 * 60
+    for title, place, minutes in DEPLOY_PLACES:
+        refusal = deploy_refusal(place)
+        log = DEPLOY_LOGS / f"{place}.log"
+        if refusal:
+            lines.append((title, "not possible here", 0.0, refusal))
+            continue
+        left = budget_s - (time.monotonic() - started)
+        if left < 60:
+            lines.append((title, "not run", 0.0, "the 90 minutes are spent"))
+            failed.append(place)
+            continue
+        began = time.monotonic()
+        with log.open("w") as out:
+            try:
+                done = subprocess.run([sys.executable, "-m", "nox", "-f", str(ROOT / "noxfile.py"), "-s", place],
+                                      stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      timeout=min(minutes * 60, left), cwd=ROOT)
+                code: int | None = done.returncode
+            except subprocess.TimeoutExpired:
+                code = None
+        seconds = time.monotonic() - began
+        text = log.read_text(errors="replace")
+        if code == 0:
+            lines.append((title, "passed", seconds, str(log.relative_to(ROOT))))
+        else:
+            why = f"past its {min(minutes * 60, left) / 60:.0f} minutes" if code is None else first_cause(text)
+            lines.append((title, "failed", seconds, f"{why} ({log.relative_to(ROOT)})"))
+            failed.append(place)
+        session.log(f"{place}: {lines[-1][1]} in {seconds:.0f} s")
+    table = "\n".join(f"{title:<62} {result:<18} {seconds:6.0f} s  {why}" for title, result, seconds, why in lines)
+    (DEPLOY_LOGS / "table.txt").write_text(table + "\n")
+    session.log(f"verify-deploy, {time.monotonic() - started:.0f} s in all:\n{table}")
+    if failed:
+        session.error(f"failed: {', '.join(failed)}")
 
 
 @nox.session(venv_backend="none", default=False)

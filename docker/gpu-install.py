@@ -44,14 +44,26 @@ def own_wheel(wheels: Path) -> Path:
     return found[0]
 
 
+def checkout_path(member: str) -> str | None:
+    """Where a code file of the wheel lies in a checkout (setup.py): the wheel holds one package,
+    distlab/, with the checkout's harness/ and labs/ inside it; distlab/'s own files are its distlab/."""
+    parts = member.split("/")
+    if parts[0] != "distlab" or member.endswith("/") or len(parts) < 2:
+        return None  # the .dist-info folder: made by the build, not code
+    return "/".join(parts[1:]) if parts[1] in CODE else member
+
+
+CODE = ("harness", "labs")  # the checkout's folders that the wheel nests under distlab/
+
+
 def stale_files(wheel: Path, checkout: Path) -> list[str]:
-    """The code files of the wheel that differ from the checkout's, and the checkout's that it lacks."""
+    """The code files of the wheel that differ from the checkout's, and the checkout's that it lacks
+    (named as they lie in the checkout)."""
     with zipfile.ZipFile(wheel) as archive:
-        packed = {name: archive.read(name) for name in archive.namelist()
-                  if name.split("/")[0] in ("harness", "labs") and not name.endswith("/")}
+        packed = {path: archive.read(name) for name in archive.namelist() if (path := checkout_path(name))}
     differ = [name for name, data in packed.items() if not (checkout / name).is_file()
               or (checkout / name).read_bytes() != data]
-    missing = [str(path.relative_to(checkout)) for top in ("harness", "labs") for path in (checkout / top).rglob("*.py")
+    missing = [str(path.relative_to(checkout)) for top in (*CODE, "distlab") for path in (checkout / top).rglob("*.py")
                if "__pycache__" not in path.parts and str(path.relative_to(checkout)) not in packed]
     return sorted(differ + missing)
 

@@ -6,8 +6,10 @@ import fcntl
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,67 @@ class LabRun:
         """For a failed assertion: the harness's reason, then the end of the output (its start is the
         ranks' warnings, and pytest cuts a long message in the middle)."""
         return f"reason: {(self.run or {}).get('reason')}\n...{self.output[-4000:]}"
+
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def tracked_files() -> list[str]:
+    """What a clone of this worktree would hold: the files git knows, and new ones it does not ignore."""
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=CHECKOUT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    return [name for name in listed if name and (CHECKOUT / name).is_file()]
+
+
+def clone_of_checkout(source: Path) -> Path:
+    """What a clone of this worktree would hold, copied to `source` (a checkout's build/, .nox/ and
+    stray files stay out)."""
+    for name in tracked_files():
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(CHECKOUT / name, source / name)
+    return source
+
+
+def build_wheel(source: Path, dist: Path) -> Path:
+    """distlab's wheel as `make gpu-wheels` and a release build it, from a clone of this checkout in
+    `source` (this environment's setuptools: no download)."""
+    clone_of_checkout(source)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
+                    "--wheel-dir", str(dist), str(source)], check=True, timeout=600)
+    (found,) = dist.glob("distlab-*.whl")
+    return found
+
+
+def python_without_distlab(venv: Path) -> Path:
+    """A Python as a host without distlab has one: a venv borrowing this environment's third-party
+    packages (torch, numpy, pip, ...) by a .pth line. Site-packages added that way is a plain path,
+    whose own .pth files (the editable install's finder for the checkout's harness/ and labs/) are
+    never run: `import harness` fails there, as on the GPU machine."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    # This environment's site-packages, and those another .pth line added (nox -s gpu-proxy-tests: the GPU host's).
+    borrowed = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                       *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir())})
+    (site / "zz_borrowed_packages.pth").write_text("".join(f"{path}\n" for path in borrowed))
+    return python
+
+
+@pytest.fixture
+def python_others_may_run():
+    """uid mode runs the job's program with this Python as another user: where it lies below a folder
+    closed to others (pyenv's under /root here), that folder is opened for passing through (o+x, never
+    listing) for the test, and closed again after."""
+    opened = []
+    for folder in Path(os.path.realpath(sys.executable)).parents:
+        mode = os.stat(folder).st_mode
+        if not mode & 0o001:
+            os.chmod(folder, mode | 0o001)
+            opened.append((folder, mode))
+    yield
+    for folder, mode in opened:
+        os.chmod(folder, mode)
 
 
 def run_distlab(args: list[str], timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

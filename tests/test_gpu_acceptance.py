@@ -186,7 +186,10 @@ def test_each_step_gets_its_share_of_the_time_left_and_an_early_end_leaves_it_to
 
 # ------------------------------------------------------- the deadline, enforced (#4, #3)
 
-FAKE = '''
+# Programs standing in for what a step may meet on a lent machine (a process that ignores SIGINT, a
+# hang, a crash), run as the acceptance runs a program of the checkout (Step.script); distlab's own
+# steps run for real in tests/test_gpu_environment.py, from the installed wheel.
+MISBEHAVING = '''
 import json, os, signal, subprocess, sys, time
 what = sys.argv[1]
 if what == "ignores-sigint":
@@ -206,21 +209,19 @@ if what == "last":  # the summary of the steps before it was already written, wh
 
 
 @pytest.fixture
-def fake_distlab(tmp_path, monkeypatch):
-    (tmp_path / "fake").mkdir()
-    (tmp_path / "fake" / "fakedistlab.py").write_text(FAKE)
-    monkeypatch.setattr(acceptance, "DISTLAB_MODULE", "fakedistlab")
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+def misbehaving(tmp_path, monkeypatch) -> Path:
+    program = tmp_path / "misbehaving.py"
+    program.write_text(MISBEHAVING)
     monkeypatch.delenv("DISTLAB_ACCEPTANCE_STARTED", raising=False)
-    return dict(os.environ)
+    return program
 
 
-def test_a_step_past_its_limit_is_stopped_and_leaves_no_process(tmp_path, fake_distlab, monkeypatch):
+def test_a_step_past_its_limit_is_stopped_and_leaves_no_process(tmp_path, misbehaving, monkeypatch):
     monkeypatch.setattr(acceptance, "GRACE_S", 1.0)
-    step = acceptance.Step("stubborn", ["ignores-sigint"], 1)
+    step = acceptance.Step("stubborn", ["ignores-sigint"], 1, script=misbehaving)
     with (tmp_path / "log").open("w") as log:
         started = time.monotonic()
-        outcome = acceptance.run_step(step, 3.0, fake_distlab, log, tmp_path)
+        outcome = acceptance.run_step(step, 3.0, dict(os.environ), log, tmp_path)
     assert outcome["status"] == "stopped" and "killed 1 s later" in outcome["note"]
     assert time.monotonic() - started < 30 and outcome["exit_code"] == -signal.SIGKILL
     assert outcome["processes_ended_after"] == 1  # its child, found by the step's token
@@ -250,15 +251,16 @@ def fake_preflight(cpu_proxy, env):
             "torchrun_is_this_pythons": True}, []
 
 
-def test_a_failed_step_is_recorded_the_rest_goes_on_and_everything_is_written_as_it_goes(tmp_path, fake_distlab,
+def test_a_failed_step_is_recorded_the_rest_goes_on_and_everything_is_written_as_it_goes(tmp_path, misbehaving,
                                                                                          monkeypatch):
     for name, value in (("GRACE_S", 2.0), ("RESERVE_S", 3.0), ("MIN_STEP_S", 1.0)):
         monkeypatch.setattr(acceptance, name, value)
     monkeypatch.setattr(acceptance, "preflight", fake_preflight)
     monkeypatch.setattr(acceptance, "horovod_for_cpus", lambda: (False, "not here"))
     monkeypatch.setattr(acceptance, "one_gpu_steps", lambda *a: [
-        acceptance.Step("first", ["first"], 1), acceptance.Step("fails", ["fail"], 1),
-        acceptance.Step("hangs", ["hang"], 2), acceptance.Step("last", ["last"], 1)])
+        acceptance.Step(name, [what], seconds, script=misbehaving)
+        for name, what, seconds in (("first", "first", 1), ("fails", "fail", 1), ("hangs", "hang", 2),
+                                    ("last", "last", 1))])
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     code = acceptance.run(args_for(tmp_path, "--cpu-proxy", "--out", str(tmp_path / "out"), "--deadline", "20"), [])
     assert code == 1
@@ -321,6 +323,31 @@ def test_both_plans_have_the_same_rows_the_proxy_on_the_cpus(cpu_proxy, tmp_path
     assert "horovod" not in without.labs and len(without.labs) == len(acceptance.ROWS) - 1
 
 
+def test_bus_bandwidth_at_world_size_1_is_not_judged():
+    """busbw is 2(n-1)/n of the algorithm bandwidth: 0 at one rank. The proxy's grade judged
+    allreduce_bench "0 >= 0.3 x 0", a check that no program can fail."""
+    runs = {ws: [Sample("/r", "ok", None, 3.0, {"metrics": {"avg_busbw_gbps": rate}})] for ws, rate in ((1, 0.0),)}
+    assert "metrics" not in calibrate.derive_lab({"world_sizes": [1]}, "avg_busbw_gbps", runs)
+    runs[2] = [Sample("/r", "ok", None, 3.0, {"metrics": {"avg_busbw_gbps": 1.25}})]
+    band = calibrate.derive_lab({"world_sizes": [1, 2]}, "avg_busbw_gbps", runs)["metrics"]["avg_busbw_gbps"]
+    assert band["expected"] == {"2": 1.25}  # world size 2 keeps its band
+
+
+def test_a_doctor_that_crashes_is_a_failed_step_not_one_that_named_a_problem(tmp_path):
+    """doctor exits 1 both when it names a problem (its facts on stdout: ok) and when it crashes
+    (a traceback, an empty doctor.json): only the product tells them apart. The program stands in
+    for a doctor that crashed."""
+    crash = tmp_path / "crash.py"
+    crash.write_text("import sys\nsys.stderr.write('Traceback ...')\nsys.exit(1)\n")
+    step = acceptance.Step("doctor", [], 1, stdout_to=tmp_path / "doctor.json", ok_codes=(0, 1), script=crash)
+    with (tmp_path / "log").open("w") as log:
+        outcome = acceptance.run_step(step, 60.0, dict(os.environ), log, tmp_path)
+    assert outcome["status"] == "failed" and "no JSON on its stdout (doctor.json)" in outcome["note"]
+    crash.write_text("import sys\nprint('{\"problems\": [\"no MPI\"]}')\nsys.exit(1)\n")
+    with (tmp_path / "log").open("w") as log:
+        assert acceptance.run_step(step, 60.0, dict(os.environ), log, tmp_path)["status"] == "ok"
+
+
 def test_a_throughput_band_from_one_run_is_the_widest_not_the_tightest():
     """One run has no spread measured, which is not no spread: (mean - 3 x 0) / mean made the band
     0.7 x that run, and the proxy's grade failed an honest run at 0.60 x the first."""
@@ -369,3 +396,16 @@ def test_the_claim_tolerance_in_bf16_allows_what_two_honest_evaluations_differ_b
     assert accuracy_claim_tolerance(16, "bf16") * 16 == pytest.approx(1, rel=1e-6)  # never under one image
     assert accuracy_claim_tolerance(1024, "bf16") < 0.05
     assert accuracy_claim_tolerance(None, "bf16") == 0.0
+
+
+def test_the_document_a_borrowed_machine_follows_is_filled_in_and_plans_what_the_dry_run_plans():
+    """docs/gpu-acceptance.md had unfilled placeholders and 411 s where the dry run planned 438 s."""
+    import re
+
+    text = (REPO / "docs" / "gpu-acceptance.md").read_text()
+    assert not re.findall(r"\b(?:PROXY_[A-Z_]+|TOLERANCES)\b", text)
+    planned = {h: sum(s for _, s in acceptance.estimate(acceptance.planned_rows(h))) for h in (False, True)}
+    assert f"Without Horovod (that machine): {planned[False]:.0f} s of the {acceptance.DEADLINE_S} s deadline; " \
+           f"with it, {planned[True]:.0f} s." in " ".join(text.split())
+    # The one command there is the one the proxy runs (docker/gpu-acceptance.sh), with its --out.
+    assert 'docker/gpu-acceptance.sh --out "$OUT"' in text

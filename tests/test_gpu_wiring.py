@@ -52,12 +52,14 @@ def test_acceptance_runs_every_world_size_the_gpus_allow(gpus, sizes, tmp_path):
     from harness.commands import acceptance
 
     assert acceptance.world_sizes(gpus) == sizes
-    planned = dict(acceptance.steps(gpus, "NVIDIA H200", tmp_path))
+    name = acceptance.profile_name("NVIDIA H200", gpus, "20261205-071200")
+    assert name == f"nvidia-h200-x{gpus}-20261205-071200"  # never a committed profile's plain name
+    planned = dict(acceptance.steps(gpus, name, tmp_path))
     assert [name for name in planned if name.startswith("ddp ")] == [f"ddp ws={ws}" for ws in sizes]
-    calibrate = planned[f"calibrate nvidia-h200-x{gpus}"]
+    calibrate = planned[f"calibrate {name}"]
     assert calibrate[calibrate.index("--template") + 1] == str(acceptance.PLAN) and acceptance.PLAN.is_file()
-    grade = planned[f"grade against nvidia-h200-x{gpus}"]
-    assert grade[grade.index("--profile") + 1] == str(tmp_path / "profiles" / f"nvidia-h200-x{gpus}.toml")
+    grade = planned[f"grade against {name}"]
+    assert grade[grade.index("--profile") + 1] == str(tmp_path / "profiles" / f"{name}.toml")
     # No step names a backend: each run's backend follows the hardware (NCCL on these GPUs).
     assert not any("--backend" in argv for argv in planned.values())
 

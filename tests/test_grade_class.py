@@ -473,22 +473,6 @@ UID_MODE_EXPECTED = {
 }
 
 
-@pytest.fixture
-def python_others_may_run():
-    """uid mode runs the job's program with this Python as another user: where it lies below a folder
-    closed to others (pyenv's under /root here), that folder is opened for passing through (o+x, never
-    listing) for the test, and closed again after."""
-    opened = []
-    for folder in Path(os.path.realpath(sys.executable)).parents:
-        mode = os.stat(folder).st_mode
-        if not mode & 0o001:
-            os.chmod(folder, mode | 0o001)
-            opened.append((folder, mode))
-    yield
-    for folder, mode in opened:
-        os.chmod(folder, mode)
-
-
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                     reason="the uid sandbox needs root and setpriv")
 @pytest.mark.integration

@@ -14,16 +14,15 @@ from __future__ import annotations
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
-import sysconfig
 import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 import tomli_w
+from conftest import build_wheel, python_without_distlab, tracked_files
 
 from harness.verdict.profiles import tomllib
 
@@ -31,39 +30,17 @@ REPO = Path(__file__).resolve().parent.parent
 pytestmark = [pytest.mark.integration, pytest.mark.long, pytest.mark.xdist_group("wheel")]
 
 
-def tracked_files() -> list[str]:
-    """What a clone of this worktree would hold: the files git knows, and new ones it does not ignore."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
-                            capture_output=True, check=True).stdout.decode().split("\0")
-    return [name for name in listed if name and (REPO / name).is_file()]
-
-
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """The wheel, built from a copy of the tracked files (a checkout's build/ and stray files stay out)."""
-    source = tmp_path_factory.mktemp("source")
-    for name in tracked_files():
-        (source / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / name, source / name)
-    dist = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                    "--wheel-dir", str(dist), str(source)], check=True, timeout=600)
-    (found,) = dist.glob("distlab-*.whl")
-    return found
+    return build_wheel(tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist"))
 
 
 @pytest.fixture(scope="module")
 def venv(wheel: Path, tmp_path_factory) -> Path:
     """A clean environment holding the wheel, and this one's third-party packages by a .pth line."""
-    venv = tmp_path_factory.mktemp("venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
-    python = venv / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
-                    "--quiet", str(wheel)], check=True, timeout=300)
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-    borrowed = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
-    (site / "zz_borrowed_packages.pth").write_text("".join(f"{path}\n" for path in borrowed))
+    venv = python_without_distlab(tmp_path_factory.mktemp("venv")).parent.parent
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps",
+                    "--no-index", "--quiet", str(wheel)], check=True, timeout=300)
     return venv
 
 

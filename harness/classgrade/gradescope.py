@@ -163,9 +163,10 @@ def make_private(source: Path, results: Path) -> None:
     for top in (source, results):
         private.close_to_others(top)  # by descriptors: no path too long, no link followed
     checkout = source / "distlab"
-    for folder in (source, checkout):
-        if folder.is_dir():
-            os.chmod(folder, os.stat(folder).st_mode | 0o001)
+    if source.is_dir():
+        os.chmod(source, os.stat(source).st_mode | 0o001)
+    if checkout.is_dir():  # listed too: Python finds `harness` in a folder on sys.path by listing it
+        os.chmod(checkout, os.stat(checkout).st_mode | 0o005)
     for part in ("harness", "labs", ".venv", "venv"):
         private.open_to_others(checkout / part)
 

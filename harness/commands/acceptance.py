@@ -61,9 +61,12 @@ def world_sizes(gpus: int) -> list[int]:
     return sizes if gpus in sizes else [*sizes, gpus]
 
 
-def profile_name(model: str, gpus: int) -> str:
-    """A profile name from the GPU model: "NVIDIA H200" on 1 GPU -> nvidia-h200-x1."""
-    return f"{re.sub(r'[^a-z0-9]+', '-', model.lower()).strip('-')}-x{gpus}"
+def profile_name(model: str, gpus: int, stamp: str) -> str:
+    """The profile an acceptance writes, from the GPU model and when it began: "NVIDIA H200" on 1 GPU
+    -> nvidia-h200-x1-20261205-0712. The stamp keeps it apart from every committed profile: calibrate
+    refuses a name harness/profiles/ holds, so a profile committed under a plain nvidia-h200-x1 made
+    the next acceptance's calibrate refuse, and with it the grade."""
+    return f"{re.sub(r'[^a-z0-9]+', '-', model.lower()).strip('-')}-x{gpus}-{stamp}"
 
 
 # ------------------------------------------------------------------------------- the one-GPU plan
@@ -330,9 +333,12 @@ def torchrun_for_rows(env: dict[str, str] | None) -> tuple[str | None, bool]:
 
 
 def install_record() -> dict[str, Any] | None:
-    """What docker/gpu-install.py installed for this run (it leaves a record beside the packages)."""
+    """What docker/gpu-install.py installed for this run: it leaves a record at the top of its target,
+    beside the distlab package, whose folder REPO is in an installed wheel (none in a checkout)."""
+    if not (REPO / "__init__.py").is_file():
+        return None  # a checkout: harness/ and labs/ at its top, no install of ours
     with contextlib.suppress(OSError, ValueError):
-        return json.loads((REPO / ".distlab-install.json").read_text())
+        return json.loads((REPO.parent / ".distlab-install.json").read_text())
     return None
 
 
@@ -407,11 +413,11 @@ def observed_ddp(folder: Path) -> str | None:
     return str(runs[-1]) if runs else None
 
 
-def steps(gpus: int, model: str, folder: Path) -> list[tuple[str, list[str]]]:
-    """The acceptance as distlab command lines, in order (several GPUs; one_gpu_steps for one)."""
+def steps(gpus: int, name: str, folder: Path) -> list[tuple[str, list[str]]]:
+    """The acceptance as distlab command lines, in order (several GPUs; one_gpu_steps for one); the
+    profile it writes is `name`."""
     sizes = world_sizes(gpus)
     results = ["--results", str(folder)]
-    name = profile_name(model, gpus)
     planned: list[tuple[str, list[str]]] = []
     for ws in sizes:
         planned.append((f"check ws={ws}", ["run", "check", "-n", str(ws), *results]))
@@ -483,11 +489,13 @@ def end_leftovers(token: str) -> int:
 
 
 STEP_TOKEN = "DISTLAB_ACCEPTANCE_STEP"  # inherited by everything a step starts: how leftovers are found
-DISTLAB_MODULE = "harness.commands.cli"  # what a step runs: distlab itself
+# What a step runs: distlab itself, as its entry point finds the harness (distlab/__init__.py): in a
+# wheel, harness/ lies inside the distlab package, and `-m harness...` found nothing there.
+DISTLAB_MODULE = "distlab"
 
 
 def run_step(step: Step, limit_s: float, env: dict[str, str], log: Any, cwd: Path) -> dict[str, Any]:
-    """One step as a process of its own (`python -m harness.commands.cli ...`), stopped at its limit:
+    """One step as a process of its own (`python -m distlab ...`), stopped at its limit:
     SIGINT first (distlab stops the run in flight, keeps the finished ones, writes its report),
     SIGKILL GRACE_S later; then nothing it started is left running. cwd: the results folder, not a
     checkout, so the steps import the installed distlab and never a tree that happens to lie beside."""
@@ -520,6 +528,9 @@ def run_step(step: Step, limit_s: float, env: dict[str, str], log: Any, cwd: Pat
     leftovers = end_leftovers(token)
     seconds = time.monotonic() - started
     status = "stopped" if stopped else "ok" if code in step.ok_codes else "failed"
+    if status == "ok" and step.stdout_to and step.stdout_to.suffix == ".json" and not json_file(step.stdout_to):
+        # doctor exits 1 both when it names a problem and when it crashes: only its facts tell them apart
+        status, stopped = "failed", f"exit {code} and no JSON on its stdout ({step.stdout_to.name}): see the log"
     outcome: dict[str, Any] = {"status": status, "exit_code": code, "seconds": round(seconds, 1),
                                "limit_s": None if limit_s == float("inf") else round(limit_s, 1)}
     if stopped:
@@ -531,6 +542,15 @@ def run_step(step: Step, limit_s: float, env: dict[str, str], log: Any, cwd: Pat
     log.write(f"== {step.name}: {status} (exit {code}) in {seconds:.1f} s\n")
     log.flush()
     return outcome
+
+
+def json_file(path: Path) -> bool:
+    """Whether a step's product is whole: one JSON document."""
+    try:
+        json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 # --------------------------------------------------------------------------------------- the outbox
@@ -676,13 +696,13 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     if several and args.deadline is None:
         clock.deadline_s = None  # no machine lent by the minute: no default deadline
     model = (devices or [args.gpu_model or "NVIDIA H200"])[0]
-    name = "cpu-proxy" if cpu_proxy else profile_name(model, gpus)
-    horovod = horovod_for_cpus() if cpu_proxy else horovod_with_nccl()
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    folder = args.results / "acceptance" / f"{stamp}-{name}"
+    name = f"cpu-proxy-{stamp}" if cpu_proxy else profile_name(model, gpus, stamp)
+    horovod = horovod_for_cpus() if cpu_proxy else horovod_with_nccl()
+    folder = args.results / "acceptance" / name  # the stamp is in the name
     if dry:
         if several:
-            for step_name, argv in steps(gpus, model, folder):
+            for step_name, argv in steps(gpus, name, folder):
                 console.print(f"{step_name:<44} distlab {' '.join(argv)}", markup=False)
             return 1 if problems else 0
         return dry_run(planned_rows(horovod[0], only), one_gpu_steps(name, folder, horovod, cpu_proxy, only), facts,
@@ -697,7 +717,7 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     outbox = Outbox(out, folder)
     rows = [] if several else planned_rows(horovod[0], only)
     if several:
-        planned = [Step(step_name, argv, 1.0) for step_name, argv in steps(gpus, model, folder)]
+        planned = [Step(step_name, argv, 1.0) for step_name, argv in steps(gpus, name, folder)]
     else:
         (folder / "plan.toml").write_text(plan_toml(horovod[0], cpu_proxy, only))
         planned = one_gpu_steps(name, folder, horovod, cpu_proxy, only)

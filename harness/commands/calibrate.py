@@ -98,10 +98,12 @@ def derive_lab(template: dict[str, Any], exp_metric: str, cells: dict[int, list[
             # noise of two short runs (all-reduce: 1.52 and 1.40 once here), and no floor is built on it.
             metrics[exp_metric] = {"at_least_ratio": {str(ws): round(RATIO_FLOOR * min(r, 1.0), 3)
                                                       for ws, r in ratios.items()}}
-        else:
-            fractions = [(m - 3 * _sd(throughput[ws])) / m if m and len(throughput[ws]) > 1 else 0.3
-                         for ws, m in means.items()]
-            metrics[exp_metric] = {"expected": {str(ws): round(m, 4) for ws, m in means.items()},
+        elif judged := {ws: m for ws, m in means.items() if m > 0}:
+            # A rate of 0 is no speed to keep: bus bandwidth at world size 1 is 0 by its definition
+            # (2(n-1)/n of the algorithm bandwidth), and "0 >= 0.3 x 0" judged nothing.
+            fractions = [(m - 3 * _sd(throughput[ws])) / m if len(throughput[ws]) > 1 else 0.3
+                         for ws, m in judged.items()]
+            metrics[exp_metric] = {"expected": {str(ws): round(m, 4) for ws, m in judged.items()},
                                    "at_least_fraction": round(min(0.7, max(0.3, min(fractions))), 3)}
         loops = references or {}
         if single_device is not None:
