@@ -15,6 +15,10 @@ from harness.verdict.pairing import pair_references, reference_rates
 from harness.verdict.profiles import LabExpectation
 from harness.verdict.verdicts import Sample, speed_undecided
 
+# However fast a cell's runs are, at most this many extra pairs: by then a t interval over the
+# log ratios is within a factor of 1.3 of its limit, and a row still undecided is not comparable.
+MAX_EXTRA_PAIRS = 20
+
 
 def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
             references: dict[Cell, list[Sample]] | None = None) -> None:
@@ -73,8 +77,8 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
                 continue
             spent, pair_s, extra = 0.0, 0.0, 0
             exp = grade_plan.profile.labs[lab]
-            while spent + pair_s <= grade_plan.profile.speed_budget_s and undecided(grade_plan, (lab, ws), done,
-                                                                                     references):
+            while (spent + pair_s < grade_plan.profile.speed_budget_s and extra < MAX_EXTRA_PAIRS
+                   and undecided(grade_plan, (lab, ws), done, references)):
                 started, extra = time.monotonic(), extra + 1
                 progress.add(2)
                 pair = [(f"{reference.name} for {lab} ws={ws} extra pair {extra}", reference_request, None),
