@@ -131,13 +131,13 @@ def outcome(verdict) -> str:
 
 def test_the_recording_covers_every_subject_at_quiet_and_busy_loads():
     cells = recorded()
-    assert {c["subject"] for c in cells} == {"lab", "mutant", "allreduce"}
+    assert {c["subject"] for c in cells} >= {"lab", "mutant", "allreduce"}
     assert {c["load"] for c in cells if c["subject"] == "mutant"} >= {0, 2}
     assert all(len(c["runs"]) >= 1 and c["references"] for c in cells)
     assert any(r["cpu"]["others_cores"] > 1.0 for c in cells for r in c["runs"])  # a busy machine is in it
 
 
-@pytest.mark.parametrize("subject", ["lab", "allreduce"])
+@pytest.mark.parametrize("subject", ["lab", "copy", "allreduce"])
 def test_the_course_lab_and_the_allreduce_bench_never_fail_a_recorded_speed_row(subject):
     for cell in (c for c in recorded() if c["subject"] == subject):
         verdict, _ = judge(cell)
