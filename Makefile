@@ -85,7 +85,7 @@ bench-allreduce: $(NOX) ## allreduce_bench vs the tightest plain loop of each li
 slurm: $(NOX) ## a real two-node Slurm on this host (root, Debian packages): the templates and grade --slurm submitted
 	$(NOX) -s slurm
 
-bench-verdict: $(NOX) ## a copy of the DDP lab and its twice-slower mutant graded 10 times each beside two busy processes
+bench-verdict: $(NOX) ## the DDP lab, its twice-slower mutant and the all-reduce bench judged at 0 to 16 busy processes
 	$(NOX) -s "bench(what='verdict')"
 
 lab-%: ## run one lab: GPUS=N GPUs or NP=N CPU ranks, in the image or RUNTIME=local (make lab-ddp GPUS=2)
