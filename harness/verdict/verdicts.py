@@ -186,6 +186,7 @@ def interference(samples: list[Sample]) -> Interference:
 
 
 PASS, FAIL, UNDECIDED, BIASED = "pass", "fail", "undecided", "biased"
+REACHES = "reaches the floor"  # what an UNDECIDED row says: more pairs may decide it (speed_undecided)
 
 
 def speed_rule(ratios: list[float], floor: float, seen: Interference, alike: bool) -> tuple[str, Interval]:
@@ -228,7 +229,7 @@ def speed_verdict(lab: str, world_size: int, check: str, expected: str, ratios: 
     if state == BIASED:
         return not_comparable(verdict, f"below the floor, but other work ran beside the runs ({seen}) and slows "
                                        "the lab and its reference unlike each other: run again on a quieter machine")
-    return not_comparable(verdict, f"the interval {span(shown)} of {interval.n} run(s) reaches the floor "
+    return not_comparable(verdict, f"the interval {span(shown)} of {interval.n} run(s) {REACHES} "
                                    f"{floor * scale:g}: run again with more repeats (--repeats) or on a quieter "
                                    f"machine ({seen})")
 
@@ -374,7 +375,7 @@ def speed_undecided(exp: LabExpectation, world_size: int, samples: list[Sample],
     for band in exp.bands:
         if band.at_least_ratio and world_size in band.at_least_ratio:
             verdict = band_verdict(exp.lab, world_size, band, ok_samples, reference, exp.reference_alike)
-            if verdict.passed is None and "reaches the floor" in verdict.detail:
+            if verdict.measured == NOT_COMPARABLE and REACHES in verdict.detail.split("; measured ", 1)[0]:
                 return True
     return False
 
@@ -531,7 +532,7 @@ def efficiency_verdicts(exp: LabExpectation, ws: int, runs: list[Sample], base_r
                       margin=above(shown.low if state == PASS else shown.high, floor), interference=str(seen))
     crowded = speed_not_judged(runs) or speed_not_judged(base_runs) or (
         f"below the floor, but other work ran beside the runs ({seen}): run again on a quieter machine"
-        if state == BIASED else f"the interval {span(shown)} reaches the floor {floor:g}: run again with more "
+        if state == BIASED else f"the interval {span(shown)} {REACHES} {floor:g}: run again with more "
         f"repeats (--repeats) or on a quieter machine ({seen})" if state == UNDECIDED else None)
     return [not_comparable(verdict, crowded) if crowded else as_lesson(exp, verdict)]
 
