@@ -88,7 +88,7 @@ slurm: $(NOX) ## a real two-node Slurm on this host (root, Debian packages): the
 verify-deploy: $(NOX) ## every place users run it, one after the other (GPU proxy, Gradescope container, k8s, Slurm; up to 90 min)
 	$(NOX) -s verify-deploy
 
-bench-verdict: $(NOX) ## a copy of the DDP lab and its twice-slower mutant graded 10 times each beside two busy processes
+bench-verdict: $(NOX) ## the DDP lab, its twice-slower mutant and the all-reduce bench judged at 0 to 16 busy processes
 	$(NOX) -s "bench(what='verdict')"
 
 lab-%: ## run one lab: GPUS=N GPUs or NP=N CPU ranks, in the image or RUNTIME=local (make lab-ddp GPUS=2)

@@ -27,6 +27,12 @@ class RunProgress:
         self._task = progress.add_task("starting", total=total) if progress else None
         self._label = ""
 
+    def add(self, runs: int) -> None:
+        """Runs that were not planned at the start (a speed row's extra pairs)."""
+        self.total += runs
+        if self._progress is not None:
+            self._progress.update(self._task, total=self.total)
+
     def started(self, label: str) -> None:
         self._label = label
         if self._progress is not None and self._task is not None:

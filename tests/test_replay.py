@@ -88,7 +88,21 @@ def test_the_stored_verdicts_are_the_live_grade_s():
     this machine's run directories), the same but for the run directories' place. And they are
     worth comparing: every kind of verdict the cells have, with their measured numbers."""
     replayed, live = json.loads(EXPECTED.read_text()), json.loads((FIXTURE / "live_verdicts.json").read_text())
-    assert replayed == live
+    # The live grade predates issue 48's speed rule: its speed rows were a median against the floor,
+    # one pair each. Replayed, one pair has no spread, so each ratio row is "not comparable" with the
+    # live grade's number (a grade run now would have run more pairs, grading/execute.py); the time
+    # rows are the same verdicts; every other row is the live one as it was.
+    speed = {"img_per_sec_ratio", "efficiency", "time"}
+    assert [(v["lab"], v["world_size"], v["check"]) for v in replayed] == \
+        [(v["lab"], v["world_size"], v["check"]) for v in live]
+    for now, then in zip(replayed, live, strict=True):
+        if now["check"] not in speed:
+            assert {key: value for key, value in now.items() if key != "interference"} == then
+        elif now["check"] == "time":
+            assert (now["measured"], now["passed"]) == (then["measured"], then["passed"])
+        else:
+            assert (now["measured"], now["passed"]) == ("not comparable", None)
+            assert f"measured {then['measured']} " in now["detail"] and "over 1" in now["detail"]
     checks = {v["check"] for v in replayed}
     assert {"run", "time", "img_per_sec_ratio", "efficiency", "observed:shards_disjoint",
             "observed:replicas_identical", "observed:buffers_identical", "observed:checkpoint_loads",

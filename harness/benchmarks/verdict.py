@@ -1,18 +1,20 @@
-"""Whether load can tip a speed verdict (`distlab bench verdict`).
+"""Whether load can tip a speed verdict (`distlab bench verdict`): a load sweep.
 
-A student's program is timed against the course's lab, run beside it in time: lab, program, lab,
-program, lab, program, lab, each run of the program over the mean of the lab's runs around it, the
-verdict on the median of those ratios (harness/verdict/pairing.py, pair_references). This benchmark grades,
---grades times each, two programs against cpu-smoke's ddp row at one world size, with --load
-CPU-bound processes running beside every grade:
+Every speed row is judged on an interval over paired runs (harness/verdict/verdicts.py, speed_rule):
+passed above its floor, failed below, "not comparable" while the interval reaches it or where the
+machine's own load explains a lab's slowness. This benchmark judges, --grades times each, at every
+load of --loads (CPU-bound processes beside the grade), each through `distlab grade` with one row of
+cpu-smoke at one world size, as a course would run it:
 
-    a copy of labs/ddp/train.py       identical to the course's lab: must pass the speed check every time
-    the twice-slower mutant           the same lab, busy before each optimizer step for as long as the
-                                      step took until then: half the rate, must fail every time
+    lab        the course's ddp lab, its own row (against the plain training loop, the profile's floor)
+    mutant     the same lab twice slower (busy before each optimizer step for as long as the step took
+               until then), graded as a student's program against the course lab (PROGRAM_RATIO_FLOOR)
+    allreduce  allreduce_bench's own row (against the library's plain all-reduce loop)
 
-and prints how often each passed `img_per_sec_ratio` and every grade's median ratio. Exit 0 only
-when the copy passed and the mutant failed in every grade. Each grade goes through `distlab grade
---program ddp=PATH` as a course would run it; nothing is timed here but by the grade itself.
+and prints, per load, how often each passed, failed or was not comparable, and the seconds per
+verdict (the grade's wall time: its extra pairs included). Exit 0 when the lab and the bench never
+failed, and the mutant never passed and failed every time at loads 0 and 2 (issue 48's done-when).
+Nothing is timed here but by the grades themselves.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +33,11 @@ from rich.table import Table
 from harness.benchmarks.load import busy_processes
 from harness.catalog import REPO
 from harness.console import console
+from harness.files import write_json
 from harness.usage import UsageError
 from harness.verdict.profiles import PROFILE_DIR, tomllib
 from harness.verdict.references import PROGRAM_RATIO_FLOOR
+from labs.common.host import cpu_model, usable_cores
 
 LAB = REPO / "labs/ddp/train.py"
 # The twice-slower mutant: the lab busy, before each optimizer step, for as long as the step took
@@ -64,68 +69,102 @@ def mutate(source: str, changes: list[tuple[str, str]]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--grades", type=int, default=10, help="grades of each program (default 10)")
-    parser.add_argument("--load", type=int, default=2, help="CPU-bound processes beside every grade (default 2)")
-    parser.add_argument("--world-size", type=int, choices=[1, 2], default=1, help="ranks of each run (default 1)")
+    parser.add_argument("--grades", type=int, default=5, help="judgements of each subject per load (default 5)")
+    parser.add_argument("--loads", default="0,2,4,8,16",
+                        help="comma-separated CPU-bound processes beside the grades (default 0,2,4,8,16)")
+    parser.add_argument("--subjects", default=",".join(SUBJECTS),
+                        help=f"comma-separated, of {', '.join(SUBJECTS)} (default all)")
+    parser.add_argument("--world-size", type=int, choices=[1, 2], default=2, help="ranks of each run (default 2)")
     parser.add_argument("--results", type=Path, help="keep the grades here (default: a temporary folder)")
 
 
-def profile_with_one_row(directory: Path, world_size: int) -> Path:
-    """cpu-smoke's ddp row alone, at one world size, standing alone (no single-device row)."""
+# subject: (the profile row, the speed check read, graded as a student's program)
+SUBJECTS = {"lab": ("ddp", "img_per_sec_ratio", False), "mutant": ("ddp", "img_per_sec_ratio", True),
+            "allreduce": ("allreduce_bench", "avg_busbw_gbps_ratio", False)}
+
+
+def profile_with_one_row(directory: Path, row: str, world_size: int) -> Path:
+    """cpu-smoke's row alone, at one world size, standing alone (no single-device row, no efficiency)."""
     import tomli_w
 
     data = tomllib.loads((PROFILE_DIR / "cpu-smoke.toml").read_text())
-    row = {key: value for key, value in data["labs"]["ddp"].items() if key not in ("single_device", "efficiency_min")}
-    data.update(name="bench-verdict", auto_select=False, labs={"ddp": {**row, "world_sizes": [world_size]}})
-    path = directory / "bench-verdict.toml"
+    table = {key: value for key, value in data["labs"][row].items() if key not in ("single_device", "efficiency_min")}
+    data.update(name=f"bench-verdict-{row}".replace("_", "-"), auto_select=False,
+                labs={row: {**table, "world_sizes": [world_size]}})
+    path = directory / f"bench-verdict-{row}.toml"
     path.write_text(tomli_w.dumps(data))
     return path
 
 
-def grade_once(profile: Path, program: Path, results: Path) -> dict[str, Any]:
-    """One `distlab grade --program ddp=PROGRAM`; its img_per_sec_ratio verdict (None if it has none)."""
+def grade_once(profile: Path, program: Path | None, results: Path, row: str, check: str) -> dict[str, Any]:
+    """One `distlab grade` of the row (with --program where given); its speed verdict and wall time."""
     results.mkdir(parents=True)
+    started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "harness.commands.cli", "grade", "--profile", str(profile),
-                           "--program", f"ddp={program}", "--results", str(results)],
+                           "--results", str(results), *(["--program", f"{row}={program}"] if program else [])],
                           cwd=REPO, capture_output=True, text=True, timeout=3600)
     found = sorted(results.glob("grade/*/verdicts.json"))
     verdicts = json.loads(found[-1].read_text()) if found else []
-    ratio = next((v for v in verdicts if v["check"] == "img_per_sec_ratio"), None)
-    return {"verdict": ratio, "returncode": done.returncode, "tail": done.stdout.strip().splitlines()[-1:]}
+    speed = next((v for v in verdicts if v["check"] == check), None)
+    return {"verdict": speed, "returncode": done.returncode, "seconds": time.monotonic() - started,
+            "tail": done.stdout.strip().splitlines()[-1:]}
+
+
+def outcome_of(verdict: dict[str, Any] | None) -> str:
+    if verdict is None:
+        return "missing"
+    return {True: "pass", False: "fail", None: "not comparable"}[verdict.get("passed")]
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.grades < 1 or args.load < 0:
-        raise UsageError("--grades must be at least 1 and --load at least 0")
+    try:
+        loads = [int(n) for n in args.loads.split(",")]
+        subjects = [name for name in args.subjects.split(",") if name]
+        if args.grades < 1 or any(n < 0 for n in loads) or not subjects or not set(subjects) <= set(SUBJECTS):
+            raise ValueError
+    except ValueError:
+        raise UsageError(f"--grades must be at least 1, --loads whole numbers from 0 (got {args.loads!r}) and "
+                         f"--subjects some of {', '.join(SUBJECTS)} (got {args.subjects!r})") from None
     with tempfile.TemporaryDirectory(prefix="distlab-bench-verdict-") as scratch:
         root = args.results or Path(scratch)
         root.mkdir(parents=True, exist_ok=True)
-        programs = {"copy of the lab": root / "ddp_copy.py", "twice slower": root / "ddp_twice_slower.py"}
-        programs["copy of the lab"].write_text(LAB.read_text())
-        programs["twice slower"].write_text(mutate(LAB.read_text(), TWICE_SLOWER))
-        profile = profile_with_one_row(root, args.world_size)
-        console.print(f"distlab bench verdict: {args.grades} grade(s) of each program at world size "
-                      f"{args.world_size}, {args.load} CPU-bound process(es) beside; floor {PROGRAM_RATIO_FLOOR:g}",
-                      markup=False)
-        outcomes: dict[str, list[dict[str, Any]]] = {name: [] for name in programs}
-        with busy_processes(args.load):
-            for n in range(args.grades):  # the two programs take turns: a change of load touches both
-                for name, program in programs.items():
-                    outcome = grade_once(profile, program, root / f"{name.split()[0]}-{n}")
-                    outcomes[name].append(outcome)
-                    verdict = outcome["verdict"] or {}
-                    console.print(f"  {name} grade {n + 1}: {verdict.get('measured', '-')} "
-                                  f"({'passed' if verdict.get('passed') else 'failed'})", markup=False)
-    table = Table(title="speed verdicts under load")
-    for column in ("program", "passed the speed check", "expected", "median ratio per grade"):
+        mutant = root / "ddp_twice_slower.py"
+        mutant.write_text(mutate(LAB.read_text(), TWICE_SLOWER))
+        profiles = {row: profile_with_one_row(root, row, args.world_size) for row, _, _ in SUBJECTS.values()}
+        console.print(f"distlab bench verdict: {args.grades} judgement(s) of {', '.join(subjects)} at world size "
+                      f"{args.world_size}, at loads {args.loads}; {usable_cores().count} core(s), "
+                      f"{cpu_model()}; the mutant's floor {PROGRAM_RATIO_FLOOR:g} of the lab", markup=False)
+        outcomes: dict[tuple[int, str], list[dict[str, Any]]] = {}
+        for load in loads:
+            with busy_processes(load):
+                for n in range(args.grades):  # the subjects take turns: a change of load touches each
+                    for name in subjects:
+                        row, check, as_program = SUBJECTS[name]
+                        outcome = grade_once(profiles[row], mutant if as_program else None,
+                                             root / f"load{load}-{name}-{n}", row, check)
+                        outcomes.setdefault((load, name), []).append(outcome)
+                        verdict = outcome["verdict"] or {}
+                        console.print(f"  load {load} {name} {n + 1}: {outcome_of(outcome['verdict'])} "
+                                      f"{verdict.get('measured', '-')} in {outcome['seconds']:.0f} s "
+                                      f"({(verdict.get('detail') or '')[-160:]})", markup=False)
+                        write_json(root / "sweep.json", {f"{k[0]}:{k[1]}": v for k, v in outcomes.items()})
+    table = Table(title=f"speed verdicts under load (world size {args.world_size})")
+    for column in ("busy", *(f"{name} pass/fail/n.c." for name in subjects), "s per verdict"):
         table.add_column(column)
     ok = True
-    for name, results in outcomes.items():
-        passed = sum(bool((r["verdict"] or {}).get("passed")) for r in results)
-        want = len(results) if name == "copy of the lab" else 0
-        ok &= passed == want
-        table.add_row(name, f"{passed} of {len(results)}", f"{want} of {len(results)}",
-                      " ".join((r["verdict"] or {}).get("measured", "-") for r in results))
+    for load in loads:
+        cells, seconds = [], []
+        for name in subjects:
+            results = outcomes.get((load, name), [])
+            counts = [sum(outcome_of(r["verdict"]) == state for r in results)
+                      for state in ("pass", "fail", "not comparable")]
+            cells.append("/".join(map(str, counts)) + (f" ({len(results) - sum(counts)} missing)"
+                                                      if len(results) > sum(counts) else ""))
+            seconds += [r["seconds"] for r in results]
+            if name == "mutant":
+                ok &= counts[0] == 0 and (load > 2 or counts[1] == len(results))
+            else:
+                ok &= counts[1] == 0 and sum(counts) == len(results)
+        table.add_row(str(load), *cells, f"{sum(seconds) / len(seconds):.0f}" if seconds else "-")
     console.print(table)
     return 0 if ok else 1
-

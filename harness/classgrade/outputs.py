@@ -102,7 +102,7 @@ def gradebook_csv(path: Path, rubric: Rubric, outcomes: list[Outcome]) -> None:
                                                   "reason"]])
     for outcome in outcomes:
         items = [number(s.score) for s in outcome.scores] if outcome.status == "graded" else [""] * len(rubric.items)
-        reason = outcome.reason or "; ".join(outcome.findings())
+        reason = outcome.reason or "; ".join([*outcome.findings(), *not_comparable_lines(outcome.scores)])
         writer.writerow([csv_cell(outcome.id), number(outcome.score), number(rubric.max_score), outcome.status, *items,
                          csv_cell(" ".join(reason.split()))])
     write_bytes(path, text.getvalue().encode())
@@ -157,9 +157,11 @@ def feedback_markdown(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str
         hidden = len(outcome.scores) - len(shown)
         lines += [f"Score: **{earned:g} / {most:g}**" + (f" ({hidden} item(s) not shown yet)" if hidden else ""), "",
                   "| item | points | |", "|---|---|---|"]
-        lines += [f"| {md_cell(s.item.name)} | {s.score:g} / {s.item.points:g} | {'ok' if s.passed else 'to fix'} |"
-                  for s in shown]
+        lines += [f"| {md_cell(s.item.name)} | {s.score:g} / {s.item.points:g} | {s.state} |" for s in shown]
         lines.append("")
+        incomparable = not_comparable_lines(shown)
+        if incomparable:
+            lines += ["## Speed not comparable", "", *(f"- {md_code(line)}" for line in incomparable), ""]
     found = findings(outcome, rubric, shown_only=True)
     if found:
         lines += ["## What to fix", ""]
@@ -189,7 +191,7 @@ def feedback_html(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str:
         parts.append(f"<p>Score: <b>{earned:g} / {most:g}</b>{f' ({hidden} item(s) not shown yet)' if hidden else ''}"
                      "</p><table><tr><th>item</th><th>points</th><th></th></tr>" + "".join(
                          f"<tr class='{'pass' if s.passed else 'fail'}'><td>{e(s.item.name)}</td>"
-                         f"<td>{s.score:g} / {s.item.points:g}</td><td>{'ok' if s.passed else 'to fix'}</td></tr>"
+                         f"<td>{s.score:g} / {s.item.points:g}</td><td>{e(s.state)}</td></tr>"
                          for s in shown) + "</table>")
     found = findings(outcome, rubric, shown_only=True)
     if found:
@@ -234,7 +236,14 @@ def _failed_lines(score: Score, lesson_root: str) -> list[str]:
     return lines
 
 
+def not_comparable_lines(scores: list[Score]) -> list[str]:
+    """Each speed row an item could not judge: why, with the interference measured and what to do."""
+    return [f"{s.item.name}: {v.lab} ws={v.world_size} {v.check} {v.detail}" for s in scores for v in s.not_comparable]
+
+
 def _item_output(score: Score, lesson_root: str) -> str:
+    if score.passed and score.not_comparable:
+        return "\n".join(f"- {md_code(line)}" for line in not_comparable_lines([score]))
     if score.passed:
         return "passed"
     return "\n".join(_failed_lines(score, lesson_root)) or "not reached: the run ended before this was checked"
@@ -267,9 +276,12 @@ def gradescope_results(outcome: Outcome, rubric: Rubric, lesson_root: str = "",
         return {**results, "score": 0.0, "tests": [
             {"name": "gradable", "score": 0.0, "max_score": rubric.max_score, "status": "failed", "output": why,
              "tags": [outcome.status], "visibility": "visible"}]}
+    # Gradescope knows "passed" and "failed"; a speed item the machine could not judge has neither (the
+    # status is optional there) and says "not comparable" in its tags and output instead.
     tests = [{"name": s.item.name, "score": s.score, "max_score": s.item.points,
-              "status": "passed" if s.passed else "failed", "output": _item_output(s, lesson_root),
-              "visibility": s.item.visibility} for s in outcome.scores]
+              **({"status": "passed" if s.passed else "failed"} if s.state != "not comparable" else
+                 {"tags": ["not comparable"]}),
+              "output": _item_output(s, lesson_root), "visibility": s.item.visibility} for s in outcome.scores]
     results.update(score=outcome.score, tests=tests)
     if outcome.rate_ratio is not None:
         results["leaderboard"] = [{"name": LEADERBOARD, "value": round(outcome.rate_ratio, 3), "order": "desc"}]
@@ -291,7 +303,8 @@ def prairielearn_results(outcome: Outcome, rubric: Rubric, lesson_root: str = ""
                                                                       if hidden else ""),
             "output": feedback, "tests": [
                 {"name": s.item.name, "description": f"checks: {', '.join(s.item.checks)}", "points": s.score,
-                 "max_points": s.item.points, "message": "passed" if s.passed else "to fix",
+                 "max_points": s.item.points,
+                 "message": {"ok": "passed", "to fix": "to fix"}.get(s.state, s.state),
                  "output": _item_output(s, lesson_root)} for s in shown]}
 
 

@@ -47,14 +47,15 @@ DEADLINE_MARGIN_S = 120.0  # planning, the job's start, the sweep at its end
 
 def job_deadline_s(grade_plan: GradePlan) -> float:
     """How long one submission's job may take: every run of its plan (and every reference run) at its
-    own timeout, an evaluation after each, and a margin."""
+    own timeout, an evaluation after each, a speed row's extra pairs, and a margin."""
     total = DEADLINE_MARGIN_S
     for lab, ws in grade_plan.cells():
         runs = grade_plan.runs(lab)
         total += runs * (grade_plan.request(lab, ws).timeout_s + EVALUATOR_S)
         reference = grade_plan.reference_request(lab, ws)
-        if reference is not None:
-            total += (runs + grade_plan.bracketed(lab)) * reference.timeout_s
+        if reference is not None:  # and the extra pairs a speed row may take (execute.py), the last at its timeouts
+            total += (runs + grade_plan.bracketed(lab)) * reference.timeout_s + grade_plan.profile.speed_budget_s \
+                + reference.timeout_s + grade_plan.request(lab, ws).timeout_s + EVALUATOR_S
     return total
 
 

@@ -16,7 +16,10 @@
 
 An item is scored from the verdicts the grade reached, never from the program's record alone. A
 verdict that does not apply (n/a) is not counted; an item none of whose checks was judged (the
-run crashed before) earns nothing and says so.
+run crashed before) earns nothing and says so. A speed verdict that is "not comparable" (the
+machine's load could not tell the program's speed from the floor) is not counted either, and an item
+left with only such verdicts keeps its points in a state of its own, "not comparable", shown with
+the interference measured and what to do (grade again on a quieter machine).
 
 A lesson (verdicts.is_lesson) is an observed mistake that nothing the program evaluated, saved or
 reported depended on: BatchNorm statistics left apart on ranks that neither evaluate nor save
@@ -35,7 +38,7 @@ from pathlib import Path
 from harness.classgrade.sandbox.limits import GIB, Limits
 from harness.usage import UsageError
 from harness.verdict.profiles import tomllib
-from harness.verdict.verdicts import Verdict, is_lesson
+from harness.verdict.verdicts import NOT_COMPARABLE, Verdict, is_lesson
 
 DEFAULT = Path(__file__).resolve().parent / "rubrics" / "ddp.toml"
 # Gradescope's four (its results.json uses the same words): after_published items are shown once staff
@@ -64,10 +67,19 @@ class Score:
     score: float
     judged: list[Verdict]  # the verdicts it was scored on (n/a left out)
     lessons: tuple[Verdict, ...] = ()  # lessons it shows at no cost (with lessons_cost they are in `judged`)
+    # Speed verdicts the machine could not support (verdicts.speed_rule): neither passed nor failed.
+    not_comparable: tuple[Verdict, ...] = ()
 
     @property
     def passed(self) -> bool:
         return self.score >= self.item.points
+
+    @property
+    def state(self) -> str:
+        """What the gradebook, the feedback and Gradescope/PrairieLearn say of the item: "ok", "to fix",
+        or "not comparable" (its speed could not be told from the machine's load: its points kept,
+        never taken, and what to do said)."""
+        return "to fix" if not self.passed else "not comparable" if self.not_comparable else "ok"
 
     @property
     def failed(self) -> list[Verdict]:
@@ -94,16 +106,18 @@ class Rubric:
             judged = [v for v in found if v.passed is not None or (item.lessons_cost and is_lesson(v))]
             lessons = () if item.lessons_cost else tuple(v for v in found if is_lesson(v))
             passed = sum(bool(v.passed) for v in judged)
+            incomparable = tuple(v for v in found if v.measured == NOT_COMPARABLE)
             if not judged:
                 runs = [v for v in verdicts if v.check == "run"]
-                # A lesson was judged, at no cost: its item's points are kept.
-                earned = item.points if lessons or (item.absent_passes and runs and all(v.passed for v in runs)) \
-                    else 0.0
+                # A lesson was judged, at no cost: its item's points are kept. So are a speed item's that
+                # the machine could not judge: the grader never takes points for its own machine's load.
+                earned = item.points if lessons or incomparable or (
+                    item.absent_passes and runs and all(v.passed for v in runs)) else 0.0
             elif item.partial:
                 earned = item.points * passed / len(judged)
             else:
                 earned = item.points if passed == len(judged) else 0.0
-            scores.append(Score(item, round(earned, 4), judged, lessons))
+            scores.append(Score(item, round(earned, 4), judged, lessons, incomparable))
         return scores
 
     def shown(self, item: Item, now: dt.datetime | None = None) -> bool:

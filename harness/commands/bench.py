@@ -11,7 +11,7 @@ DESCRIPTION = "Each benchmark measures against a reference in the same run; figu
 EXAMPLES = """examples:
   distlab bench train --repeats 3
   distlab bench allreduce --world-size 2
-  distlab bench verdict --grades 10 --load 2
+  distlab bench verdict --grades 5 --loads 0,2,4,8,16
   distlab bench robustness --profile cpu-smoke --conditions 1,5,9
   distlab bench class --keep /tmp/class"""
 
@@ -20,7 +20,7 @@ BENCHES = {  # name: (module, what it measures in one line)
               "training-path cost: baseline vs the in-memory loop, DDP/Horovod vs baseline"),
     "allreduce": ("harness.benchmarks.allreduce", "allreduce_bench against the tightest plain loop of each library"),
     "verdict": ("harness.benchmarks.verdict",
-                "the speed verdict under load: a copy of the DDP lab and a twice-slower one"),
+                "speed verdicts under load: the DDP lab, a twice-slower one, the all-reduce bench"),
     "robustness": ("harness.benchmarks.robustness", "a profile graded under nine conditions: the smallest margins"),
     "class": ("harness.benchmarks.grade_class", "a class of known submissions graded side by side: time, sandbox cost"),
 }

@@ -73,7 +73,7 @@ def report(grade: Grade, as_json: bool = False) -> int:
                                {row: exp.single_device for row, exp in profile.labs.items() if exp.single_device})
     console.print(pages.verdict_table(grade.verdicts, f"distlab grade: {profile.name}"))
     for why, rows in unjudged(grade.verdicts).items():  # a speed neither passed nor failed: say why
-        console.print(f"speed not judged ({', '.join(rows)}): {why}", markup=False)
+        console.print(f"speed not comparable ({', '.join(rows)}): {why}", markup=False)
     pages.append_step_summary(paths["markdown"])
     console.print(f"{'[red]FAILED[/red]' if grade.failed else '[green]passed[/green]'}: {grade.failed} failed "
                   f"check(s); {grade.runs} run(s) in {grade.wall_seconds:.0f} s, harness overhead {grade.overhead:.3f}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from harness.console import run_progress
 from harness.grading import samples
 from harness.grading.cells import run_cell
@@ -9,8 +11,13 @@ from harness.grading.plan import Cell, GradePlan
 from harness.observe import accuracy
 from harness.run.request import RunRequest
 from harness.run.runner import run_lab
+from harness.verdict.pairing import pair_references, reference_rates
 from harness.verdict.profiles import LabExpectation
-from harness.verdict.verdicts import Sample
+from harness.verdict.verdicts import Sample, speed_undecided
+
+# However fast a cell's runs are, at most this many extra pairs: by then a t interval over the
+# log ratios is within a factor of 1.3 of its limit, and a row still undecided is not comparable.
+MAX_EXTRA_PAIRS = 20
 
 
 def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
@@ -23,6 +30,10 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
     reference measured minutes earlier, under another load, is what failed correct labs). A
     student's program gets one more run of the course lab after its last (GradePlan.bracketed), so
     that every run of it sits between two of the lab's (verdict/pairing.pair_references).
+
+    Where a speed row's interval still reaches its floor after the planned runs, the cell runs
+    another pair (reference, run; for a bracketed program run, lab) while the profile's
+    speed_budget_s allows one more as long as the last (verdict/verdicts.py, speed_rule).
     """
     references = {} if references is None else references
     cells = grade_plan.cells()
@@ -62,6 +73,32 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
             if reference and reference_request and grade_plan.bracketed(lab):
                 references[lab, ws].append(one_run(f"{reference.name} for {lab} ws={ws} after run {runs}",
                                                    reference_request, metric_name=reference.metric))
+            if not reference:
+                continue
+            spent, pair_s, extra = 0.0, 0.0, 0
+            exp = grade_plan.profile.labs[lab]
+            while (spent + pair_s < grade_plan.profile.speed_budget_s and extra < MAX_EXTRA_PAIRS
+                   and undecided(grade_plan, (lab, ws), done, references)):
+                started, extra = time.monotonic(), extra + 1
+                progress.add(2)
+                pair = [(f"{reference.name} for {lab} ws={ws} extra pair {extra}", reference_request, None),
+                        (f"{lab} ws={ws} extra run {extra}", request, exp)]
+                for label, asked, expectation in (pair[::-1] if grade_plan.bracketed(lab) else pair):
+                    if expectation is None:
+                        references[lab, ws].append(one_run(label, asked, metric_name=reference.metric))
+                    else:
+                        done[lab, ws].append(one_run(label, asked, expectation))
+                pair_s = time.monotonic() - started
+                spent += pair_s
+
+
+def undecided(grade_plan: GradePlan, cell: Cell, done: dict[Cell, list[Sample]],
+              references: dict[Cell, list[Sample]]) -> bool:
+    """Whether a cell's speed rows need more pairs to decide (verdict/verdicts.py, speed_undecided)."""
+    here, theirs = {cell: done.get(cell, [])}, {cell: references.get(cell, [])}
+    pair_references(grade_plan.reference, here, theirs)
+    return speed_undecided(grade_plan.profile.labs[cell[0]], cell[1], here[cell],
+                           reference_rates(grade_plan.reference, theirs).get(cell))
 
 
 def harness_overhead(wall_seconds: float, *runs: dict[Cell, list[Sample]]) -> float:

@@ -37,12 +37,15 @@ MARK = {True: "pass", False: "FAIL", None: "n/a"}
 
 def verdict_table(verdicts: list[Verdict], title: str) -> Table:
     table = Table(title=escape(title))
-    for column in ("lab", "ws", "check", "measured", "expected", "result"):
+    # A speed row shows what other work did meanwhile beside its result (verdicts.speed_rule).
+    interference = any(v.interference for v in verdicts)
+    for column in ("lab", "ws", "check", "measured", "expected", "result", *(["interference"] if interference else [])):
         table.add_column(column)
     style = {True: "green", False: "bold red", None: "dim"}
     for v in verdicts:
         table.add_row(escape(v.lab), "all" if v.world_size is None else str(v.world_size), escape(v.check),
-                      escape(v.measured), escape(v.expected), f"[{style[v.passed]}]{MARK[v.passed]}[/]")
+                      escape(v.measured), escape(v.expected), f"[{style[v.passed]}]{MARK[v.passed]}[/]",
+                      *([escape(v.interference)] if interference else []))
     return table
 
 

@@ -167,8 +167,9 @@ def release_reserve(run: PreparedRun) -> None:
 def cpu_account(request: RunRequest, outcome: Outcome) -> dict[str, Any]:
     """The CPUs of the run as the harness saw them: its ranks on this machine (None where mpirun or
     horovodrun place them on other hosts), threads per rank, the cores that were ours (usable_cores:
-    affinity, cgroup quota, host) and the cores other processes kept busy meanwhile (measured). The
-    verdicts decide from it whether a speed can be judged (verdict/verdicts.py, speed_not_judged)."""
+    affinity, cgroup quota, host) and the interference measured meanwhile: the cores other processes kept
+    busy, the cores a hypervisor stole, the host's run queue. The verdicts decide from it whether a
+    speed can be judged (verdict/verdicts.py, speed_interference)."""
     placement = request.placement
     if placement.get("hosts") or placement.get("hostfile"):
         ranks_here = None
@@ -178,7 +179,9 @@ def cpu_account(request: RunRequest, outcome: Outcome) -> dict[str, Any]:
     return {"ranks_here": ranks_here, "threads_per_rank": request.threads, "cores": cores.count,
             "cores_limited_by": cores.limited_by, "host_cores": cores.host, "cpus": cores.affinity,
             "cgroup_quota": cores.quota,
-            "others_cores": None if outcome.others_cores is None else round(outcome.others_cores, 3)}
+            "others_cores": None if outcome.others_cores is None else round(outcome.others_cores, 3),
+            "steal_cores": None if outcome.steal_cores is None else round(outcome.steal_cores, 3),
+            "run_queue": None if outcome.run_queue is None else round(outcome.run_queue, 2)}
 
 
 def write_run_json(run: PreparedRun, outcome: Outcome, result: RunResult, rank_logs: dict[int, Path],

@@ -62,3 +62,5 @@ class Outcome:
     launcher_pid: int | None = None
     errors: list[str] = field(default_factory=list)  # the harness's own trouble: lost output, a crash
     others_cores: float | None = None  # the cores other processes kept busy meanwhile (cpu_time.py)
+    steal_cores: float | None = None  # the cores a hypervisor took from ours meanwhile (cpu_time.py)
+    run_queue: float | None = None  # the host's runnable tasks, mean of samples while it ran (cpu_time.RunQueue)

@@ -48,6 +48,7 @@ def launch_and_wait(run: PreparedRun, outcome: Outcome, caught: StopSignals, ech
         sinks.append((run.run_dir / "logs" / "rank.0.out").open("wb"))
     processes = RunProcesses(run.run_id)
     clock = cpu_time.read_clock()
+    queue = cpu_time.RunQueue()
     started = time.monotonic()
     pump = process = None
     try:
@@ -64,7 +65,7 @@ def launch_and_wait(run: PreparedRun, outcome: Outcome, caught: StopSignals, ech
                     assert process.stdout is not None  # stdout=PIPE
                     pump = OutputPump(process.stdout, sinks, echo, on_line)
                     pump.start()
-                    wait_for_end(run, process, processes, outcome, caught, started)
+                    wait_for_end(run, process, processes, outcome, caught, started, queue)
             finally:
                 first = caught.signum if caught.signum is not None else signal.SIGTERM
                 stop_run(processes, first)
@@ -83,13 +84,18 @@ def launch_and_wait(run: PreparedRun, outcome: Outcome, caught: StopSignals, ech
                 sink.close()
         outcome.wall = time.monotonic() - started
         # After stop_run: every process of the run is reaped, so its CPU time counts as ours.
-        outcome.others_cores = cpu_time.others_cores(clock, cpu_time.read_clock())
+        ended = cpu_time.read_clock()
+        outcome.others_cores = cpu_time.others_cores(clock, ended)
+        outcome.steal_cores = cpu_time.steal_cores(clock, ended)
+        outcome.run_queue = queue.mean()
 
 
 def wait_for_end(run: PreparedRun, process: subprocess.Popen[bytes], processes: RunProcesses, outcome: Outcome,
-          caught: StopSignals, started: float) -> None:
+          caught: StopSignals, started: float, queue: cpu_time.RunQueue | None = None) -> None:
     deadline = started + run.request.timeout_s
     while True:
+        if queue is not None:
+            queue.sample()
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=0.2)
             return

@@ -7,7 +7,7 @@ harness, or send a file elsewhere: it is read only if it is a regular UTF-8 file
 MAX_PROFILE_BYTES, every number must be finite, world sizes are listed once, the name (used in
 report paths) is one plain word, and the lab arguments never set what the harness sets itself.
 
-    name, description, provisional, auto_select, threads_per_rank
+    name, description, provisional, auto_select, threads_per_rank, speed_budget_s
     [measured]  where, how, date, repeats, versions        (provenance of the numbers)
     [match]     gpus, gpu_model, min_cores                 (which hosts it fits)
     [labs.NAME] world_sizes, args, world_size_args, backend, launcher, time_budget_s, required_checks,
@@ -38,6 +38,9 @@ else:  # pragma: no cover
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "profiles"
 MAX_PROFILE_BYTES = 1 << 20
 MAX_WORLD_SIZE = 1 << 20
+# A profile that states no speed_budget_s: a few more pairs of a smoke-sized cell (one pair of cpu-smoke's
+# ddp at world size 2 took about 40 s here, on 2 busy cores).
+DEFAULT_SPEED_BUDGET_S = 240.0
 PROFILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # a report folder is named after it
 WHOLE_NUMBER = re.compile(r"[0-9]{1,7}")
 
@@ -91,6 +94,9 @@ class LabExpectation:
     throughput_metric: str = "img_per_sec"
     bands: tuple[Band, ...] = ()
     reference: str | None = None  # the plain loop its throughput is a ratio to (harness/verdict/references.py)
+    # True where the reference is the same work as the row (the course's lab beside a student's
+    # program, against_course_lab): other work slows both alike, and the interval alone decides.
+    reference_alike: bool = False
     program_lab: str = ""  # the catalog lab it runs (`lab = "ddp"`); the row's own name when not given
     # The row whose world-size-1 runs stand for this row's (a data-parallel lab's: the single-device
     # baseline): its accuracy and scaling efficiency are compared with them. Default: its own.
@@ -127,6 +133,9 @@ class Profile:
     # OMP threads of every rank and reference run; None: the runner's default (cores / world size).
     # The CPU profiles say 1 (see harness/profiles/plans/cpu-grade.toml for why).
     threads_per_rank: int | None = None
+    # Seconds a cell may spend on more pairs (reference, run) when its speed interval still reaches
+    # a floor after the planned runs (grading/execute.py); past it, the row is "not comparable".
+    speed_budget_s: float = 0.0
 
     def fits(self, host: dict[str, Any]) -> bool:
         """host: {"gpus": count, "gpu_models": [...], "cores": n} (from distlab doctor's facts).
@@ -345,8 +354,8 @@ def _read(path: Path) -> dict[str, Any]:
 def load_profile(path: Path) -> Profile:
     data = _read(path)
     top = _Reader(path, data)
-    top.unknown({"name", "description", "provisional", "auto_select", "threads_per_rank", "measured", "match",
-                 "labs"})
+    top.unknown({"name", "description", "provisional", "auto_select", "threads_per_rank", "speed_budget_s",
+                 "measured", "match", "labs"})
     name = top.get("name", str, "the profile's name")
     if not PROFILE_NAME.fullmatch(name):
         raise top.fail("name", "one plain name of letters, digits, '.', '_' and '-' (it names report folders)",
@@ -375,6 +384,7 @@ def load_profile(path: Path) -> Profile:
         provisional=top.get("provisional", bool, "true or false", False),
         auto_select=top.get("auto_select", bool, "true or false", True),
         threads_per_rank=_threads(top),
+        speed_budget_s=top.number("speed_budget_s", DEFAULT_SPEED_BUDGET_S, low=0.0),
         measured=dict(measured.table), match=dict(match.table),
         labs={lab: _lab(top.sub("labs").sub(lab), lab) for lab in labs},
     )
@@ -428,4 +438,4 @@ def against_course_lab(exp: LabExpectation) -> LabExpectation:
     the ratio at each world size is what bites.)"""
     bands = tuple(dataclasses.replace(band, at_least_ratio={ws: PROGRAM_RATIO_FLOOR for ws in band.at_least_ratio})
                   if band.at_least_ratio else band for band in exp.bands)
-    return dataclasses.replace(exp, bands=bands)
+    return dataclasses.replace(exp, bands=bands, reference_alike=True)

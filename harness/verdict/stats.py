@@ -90,3 +90,31 @@ def fit_amdahl(world_sizes: list[int], speedups: list[float], base_world_size: i
         else:
             low = left
     return (low + high) / 2
+
+
+def ratio_interval(ratios: list[float]) -> Interval:
+    """The geometric mean of ratios and its 95% interval (Student t over their logarithms: a ratio
+    is as far off at half as at double). Fewer than two ratios: no spread is known, so the interval
+    is everything (0, inf), and nothing can be concluded from it."""
+    if not ratios or any(r <= 0 for r in ratios):
+        raise ValueError("ratios must be positive")
+    logs = [math.log(r) for r in ratios]
+    centre = statistics.fmean(logs)
+    if len(logs) < 2:
+        return Interval(math.exp(centre), 0.0, math.inf, len(logs))
+    half = t95(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return Interval(math.exp(centre), math.exp(centre - half), math.exp(centre + half), len(logs))
+
+
+def ratio_of_intervals(top: list[float], bottom: list[float]) -> Interval:
+    """The ratio of two geometric means and its 95% interval (Welch over the logarithms, the fewer
+    runs' degrees of freedom): scaling efficiency from the runs at two world sizes."""
+    if not top or not bottom or any(r <= 0 for r in [*top, *bottom]):
+        raise ValueError("values must be positive")
+    a, b = [math.log(v) for v in top], [math.log(v) for v in bottom]
+    centre = statistics.fmean(a) - statistics.fmean(b)
+    if len(a) < 2 or len(b) < 2:
+        return Interval(math.exp(centre), 0.0, math.inf, min(len(a), len(b)))
+    spread = math.sqrt(statistics.variance(a) / len(a) + statistics.variance(b) / len(b))
+    half = t95(min(len(a), len(b)) - 1) * spread
+    return Interval(math.exp(centre), math.exp(centre - half), math.exp(centre + half), min(len(a), len(b)))

@@ -7,6 +7,12 @@ and scaling efficiency T(n) / (n T(1)). Where the lab's throughput is a ratio to
 measured beside it, efficiency is taken over the loop's own: (T(n) / R(n)) / (T(1) / R(1)), the
 share of the lab's scaling lost to its communication and synchronisation, with what the machine
 does to any n processes (too few cores, another program's load) divided out.
+
+Every speed row follows one rule (speed_rule): a ratio over the runs (each run over the reference
+measured beside it, or over a number of the profile) with its 95% interval; passed when the
+interval lies above the floor, failed when it lies below, and otherwise "not comparable", with the
+interval, the interference measured during the runs, and what to do. A grade that can run more pairs
+does so first (grading/execute.py, within the profile's speed_budget_s).
 """
 
 from __future__ import annotations
@@ -18,8 +24,7 @@ from typing import Any
 
 from harness.console import fmt
 from harness.verdict.profiles import Band, LabExpectation, Profile
-from harness.verdict.stats import efficiency as scaling_efficiency
-from harness.verdict.stats import mean_ci
+from harness.verdict.stats import Interval, mean_ci, ratio_interval, ratio_of_intervals
 
 LESSON = "lesson"  # a verdict's `measured` where an observed check is a lesson: failed, at no cost (passed None)
 NOT_RUN = "not run"  # a Sample's status where its cell could not run here (grading/cells.py), with the reason
@@ -38,6 +43,8 @@ class Verdict:
     # a floor (or below a ceiling), negative where it failed; None for a comparison without a number.
     # The robustness sweep's figure is the smallest seen (harness/benchmarks/robustness.py).
     margin: float | None = None
+    # A speed row's interference: what other work did on the cores during its runs (speed_rule).
+    interference: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,23 +114,125 @@ def speed_not_judged(samples: list[Sample]) -> str | None:
     return None
 
 
-NOT_JUDGED = "not judged"
+NOT_COMPARABLE = "not comparable"
 
 
-def not_judged(verdict: Verdict, why: str) -> Verdict:
+def not_comparable(verdict: Verdict, why: str) -> Verdict:
     """A speed row whose conditions cannot support a verdict: neither passed nor failed, and why."""
-    return dataclasses.replace(verdict, measured=NOT_JUDGED, passed=None, margin=None,
-                               detail=f"{NOT_JUDGED}: {why}; measured {verdict.measured} ({verdict.detail})")
+    return dataclasses.replace(verdict, measured=NOT_COMPARABLE, passed=None, margin=None,
+                               detail=f"{NOT_COMPARABLE}: {why}; measured {verdict.measured} ({verdict.detail})")
 
 
 def unjudged(verdicts: list[Verdict]) -> dict[str, list[str]]:
-    """The speed rows not judged, by reason: what a grade says at its end."""
+    """The speed rows not comparable, by reason: what a grade says at its end."""
     reasons: dict[str, list[str]] = {}
     for v in verdicts:
-        if v.measured == NOT_JUDGED:
-            why = v.detail.removeprefix(f"{NOT_JUDGED}: ").split("; measured ", 1)[0]
+        if v.measured == NOT_COMPARABLE:
+            why = v.detail.removeprefix(f"{NOT_COMPARABLE}: ").split("; measured ", 1)[0]
             reasons.setdefault(why, []).append(f"{v.lab} ws={v.world_size} {v.check}")
     return reasons
+
+
+@dataclass(frozen=True)
+class Interference:
+    """What other work did on the cores during a cell's runs, the most any run saw (run/cpu_time.py):
+    the cores other processes kept busy, the cores a hypervisor stole, the host's run queue."""
+
+    others_cores: float | None = None
+    steal_cores: float | None = None
+    run_queue: float | None = None
+    cores: int | None = None
+    # Whether, in some run, the other processes and the run's own ranks x threads wanted more than
+    # our CPUs by over OTHERS_TOLERANCE (a quota's share of a big host beside busy tenants on other
+    # CPUs does not count), or a hypervisor stole that much.
+    contended: bool = False
+
+    def busy(self) -> bool:
+        return self.contended
+
+    def __str__(self) -> str:
+        if self.others_cores is None and self.run_queue is None:
+            return "not measured"
+        parts = [] if self.others_cores is None else [
+            f"others kept {self.others_cores:.2f} of {self.cores or '?'} core(s) busy"]
+        if self.steal_cores:
+            parts.append(f"steal {self.steal_cores:.2f} core(s)")
+        if self.run_queue is not None:
+            parts.append(f"run queue {self.run_queue:.1f}")
+        return ", ".join(parts)
+
+
+def _count(value: Any) -> Any:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
+
+
+def interference(samples: list[Sample]) -> Interference:
+    def most(key: str) -> float | None:
+        values = [v for s in samples if isinstance(s.cpu, dict) if (v := _count(s.cpu.get(key))) is not None]
+        return max(values) if values else None
+
+    contended = False
+    for sample in samples:
+        cpu = sample.cpu if isinstance(sample.cpu, dict) else {}
+        others, steal = _count(cpu.get("others_cores")), _count(cpu.get("steal_cores")) or 0.0
+        cores = _count(cpu.get("cores"))
+        cpus = _count(cpu.get("cpus")) or cores
+        wanted = (_count(cpu.get("ranks_here")) or cores or 1) * (_count(cpu.get("threads_per_rank")) or 1)
+        if others is not None and cpus and others + min(wanted, cores or wanted) > cpus + OTHERS_TOLERANCE:
+            contended = True
+        contended |= steal > OTHERS_TOLERANCE
+    cores = most("cores")
+    return Interference(most("others_cores"), most("steal_cores"), most("run_queue"),
+                        None if cores is None else int(cores), contended)
+
+
+PASS, FAIL, UNDECIDED, BIASED = "pass", "fail", "undecided", "biased"
+REACHES = "reaches the floor"  # what an UNDECIDED row says: more pairs may decide it (speed_undecided)
+
+
+def speed_rule(ratios: list[float], floor: float, seen: Interference, alike: bool) -> tuple[str, Interval]:
+    """The one rule of every speed row: PASS when the 95% interval of the ratios lies above the
+    floor, FAIL when it lies below, UNDECIDED while it reaches the floor (more pairs may tell), and
+    BIASED where it lies below but the runs were not compared `alike` (a lab against a plain loop
+    or a number of the profile) and other work was busy beside them: coupled ranks wait for the
+    rank the scheduler left out, an independent loop does not (issue 48: the course's ddp lab at
+    0.319 of its loop against a floor of 0.35 with 1.5 to 1.9 of 2 cores busy). A student's program
+    against the course lab is the same work interleaved (`alike`): the interval alone decides."""
+    interval = ratio_interval(ratios)
+    if interval.low >= floor:
+        return PASS, interval
+    if interval.high < floor:
+        return (BIASED if not alike and seen.busy() else FAIL), interval
+    return UNDECIDED, interval
+
+
+def span(interval: Interval) -> str:
+    high = "inf" if interval.high == float("inf") else f"{interval.high:.3f}"
+    return f"[{interval.low:.3f}, {high}]"
+
+
+def speed_verdict(lab: str, world_size: int, check: str, expected: str, ratios: list[float], floor: float,
+                  samples: list[Sample], alike: bool, how: str, scale: float = 1.0) -> Verdict:
+    """A speed row by speed_rule: `ratios` over `floor`, shown (times `scale`) with the interval and
+    the interference of the `samples` measured."""
+    seen = interference(samples)
+    state, interval = speed_rule(ratios, floor, seen, alike)
+    measured = f"{interval.mean * scale:.3f}"
+    shown = Interval(interval.mean * scale, interval.low * scale, interval.high * scale, interval.n)
+    detail = f"{how}; 95% interval {span(shown)} over {interval.n}; interference: {seen}"
+    if state == PASS:
+        return Verdict(lab, world_size, check, measured, expected, True, detail,
+                       margin=above(interval.low, floor), interference=str(seen))
+    verdict = Verdict(lab, world_size, check, measured, expected, False, detail,
+                      margin=above(interval.high, floor), interference=str(seen))
+    if state == FAIL:
+        return verdict
+    if state == BIASED:
+        return not_comparable(verdict, f"below the floor, but other work ran beside the runs ({seen}) and slows "
+                                       "the lab and its reference unlike each other: run again on a quieter machine")
+    return not_comparable(verdict, f"the interval {span(shown)} of {interval.n} run(s) {REACHES} "
+                                   f"{floor * scale:g}: run again with more repeats (--repeats) or on a quieter "
+                                   f"machine ({seen})")
 
 
 def metric(record: dict[str, Any] | None, name: str) -> float | None:
@@ -138,16 +247,15 @@ def sample_metric(sample: Sample, name: str) -> float | None:
 
 
 def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample],
-                 reference: float | None = None) -> Verdict:
+                 reference: float | None = None, alike: bool = False) -> Verdict:
     """One metric of one cell against its band. `reference`: the cell's reference rate, measured in
     the same grade (None when the band needs none, or when the reference failed).
 
-    Throughput (absolute or as a ratio) is judged on the median over the runs: a slow outlier cannot
-    fail a healthy program, noise cannot pass a slow one (no interval is used), and more repeats
-    only bring the median closer to the true rate, so the rule gets stricter with them, not looser.
-    A ratio is the median of the paired ratios where the runs carry their own reference (each run
-    over the reference measured beside it in time: a busy moment slows both), else of the runs over
-    the cell's reference rate.
+    Throughput (absolute or as a ratio) is a speed row (speed_rule): the interval of the ratios
+    against the floor. A ratio is over the paired reference where the runs carry their own (each run
+    over the reference measured beside it in time: a busy moment slows both), else over the cell's
+    reference rate. `alike`: the reference is the same work (the course's lab beside a student's
+    program).
     """
     values = [sample_metric(s, band.metric) for s in samples]
     expected = band.describe(world_size)
@@ -160,33 +268,34 @@ def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample],
         if world_size not in band.at_least_ratio:
             return Verdict(lab, world_size, f"{band.metric}_ratio", "-", expected, None,
                            f"the profile has no expectation for world size {world_size}")
+        check, floor = f"{band.metric}_ratio", band.at_least_ratio[world_size]
         paired = [(v, s.reference) for v, s in zip(values, samples, strict=True) if s.reference]
         if paired:
             ratios = [v / r for v, r in paired]  # type: ignore[operator]
-            median, floor = statistics.median(ratios), band.at_least_ratio[world_size]
-            return Verdict(lab, world_size, f"{band.metric}_ratio", f"{median:.3f}", expected, median >= floor,
-                           f"median of {len(ratios)} paired ratio(s) ({', '.join(f'{r:.3f}' for r in ratios)}), "
-                           f"each run's {band.metric} over the reference measured around it in this grade "
-                           f"(median {statistics.median(values):.4g} against "
-                           f"{statistics.median(r for _, r in paired):.4g})", margin=above(median, floor))
-        if not reference:
-            return Verdict(lab, world_size, f"{band.metric}_ratio", "-", expected, False,
+            how = (f"geometric mean of {len(ratios)} paired ratio(s) ({', '.join(f'{r:.3f}' for r in ratios)}), "
+                   f"each run's {band.metric} over the reference measured around it in this grade "
+                   f"(median {statistics.median(values):.4g} against "  # type: ignore[type-var]
+                   f"{statistics.median(r for _, r in paired):.4g})")
+        elif reference:
+            ratios = [v / reference for v in values]  # type: ignore[operator]
+            how = (f"geometric mean of {len(ratios)} run(s): {statistics.median(values):.4g} {band.metric} "  # type: ignore[type-var]
+                   f"against the reference's {reference:.4g}, measured in this grade on this machine")
+        else:
+            return Verdict(lab, world_size, check, "-", expected, False,
                            "the reference loop did not run successfully, so throughput could not be judged")
-        ratios = [v / reference for v in values]  # type: ignore[operator]
-        median, floor = statistics.median(ratios), band.at_least_ratio[world_size]
-        return Verdict(lab, world_size, f"{band.metric}_ratio", f"{median:.3f}", expected, median >= floor,
-                       f"median of {len(ratios)} run(s): {statistics.median(values):.4g} {band.metric} against "
-                       f"the reference's {reference:.4g}, measured in this grade on this machine",
-                       margin=above(median, floor))
+        if any(r <= 0 for r in ratios):
+            return Verdict(lab, world_size, check, "0", expected, False, f"a run measured no {band.metric}")
+        return speed_verdict(lab, world_size, check, expected, ratios, floor, samples, alike, how)
     if band.expected:
         if world_size not in band.expected:
             return Verdict(lab, world_size, band.metric, fmt(mean_ci(values).mean), expected, None,
                            f"the profile has no expectation for world size {world_size}")
-        median = statistics.median(values)
         threshold = band.at_least_fraction * band.expected[world_size]
-        return Verdict(lab, world_size, band.metric, fmt(median), expected, median >= threshold,
-                       f"threshold {threshold:.4g}; median of {len(values)} run(s), 95% CI {mean_ci(values)}",
-                       margin=above(median, threshold))
+        if any(v <= 0 for v in values):  # type: ignore[operator]
+            return Verdict(lab, world_size, band.metric, "0", expected, False, f"a run measured no {band.metric}")
+        # The profile's number, against runs of this grade: a busy machine may explain a slow one.
+        return speed_verdict(lab, world_size, band.metric, expected, [v / threshold for v in values],  # type: ignore[operator]
+                             1.0, samples, False, f"threshold {threshold:.4g}; {len(values)} run(s)", threshold)
     mean = mean_ci(values).mean
     if band.value is not None:
         passed = abs(mean - band.value) <= band.tolerance
@@ -239,19 +348,7 @@ def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
                                     not bad, str(detail) if detail else ""))
     verdicts += observed_verdicts(lab, world_size, samples)
     ok_samples = [s for s in samples if s.status == "ok"]
-    slowest = max(s.wall_seconds for s in samples)
-    crowded = speed_not_judged(samples)  # the time budget is a speed row too; a run that timed out still fails "run"
-    if ok_samples or slowest > exp.time_budget_s:  # failed runs past the budget (a hang, say) fail it too
-        why = next((s.start_up for s in samples if s.wall_seconds == slowest and s.start_up), "")
-        budget = Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s",
-                         slowest <= exp.time_budget_s, "slowest run's wall time" + (
-                             "" if ok_samples else f"; no run finished well ({_failures(failed)})") + (
-                             f"; of it, {why}" if why and slowest > exp.time_budget_s else ""),
-                         margin=below(slowest, exp.time_budget_s))
-        verdicts.append(not_judged(budget, crowded) if crowded else budget)
-    else:  # within the budget, a crash's wall time says nothing of the program's speed: not a pass
-        verdicts.append(Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s", None,
-                                f"not judged: no run finished well ({_failures(failed)})"))
+    verdicts.append(time_verdict(exp, world_size, samples))
     crowded = speed_not_judged(ok_samples)
     for band in exp.bands:
         if not ok_samples:
@@ -259,12 +356,56 @@ def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
                                     "not measured", band.describe(world_size), False,
                                     f"no run finished well to measure {band.metric} in ({_failures(failed)})"))
         elif crowded and band.metric == exp.throughput_metric:
-            verdicts.append(not_judged(band_verdict(lab, world_size, band, ok_samples, reference), crowded))
+            verdicts.append(not_comparable(band_verdict(lab, world_size, band, ok_samples, reference,
+                                                        exp.reference_alike), crowded))
         else:
-            verdicts.append(as_lesson(exp, band_verdict(lab, world_size, band, ok_samples, reference)))
+            verdicts.append(as_lesson(exp, band_verdict(lab, world_size, band, ok_samples, reference,
+                                                        exp.reference_alike)))
     if not any(band.metric == exp.accuracy_metric for band in exp.bands):
         verdicts += shown_accuracy(exp, world_size, ok_samples)
     return verdicts
+
+
+def speed_undecided(exp: LabExpectation, world_size: int, samples: list[Sample],
+                    reference: float | None = None) -> bool:
+    """Whether more pairs could decide a speed row of this cell: a ratio band whose interval still
+    reaches its floor (speed_rule's UNDECIDED), on cores that could support a verdict at all."""
+    ok_samples = [s for s in samples if s.status == "ok"]
+    if not ok_samples or speed_not_judged(ok_samples) or exp.lesson:
+        return False
+    for band in exp.bands:
+        if band.at_least_ratio and world_size in band.at_least_ratio:
+            verdict = band_verdict(exp.lab, world_size, band, ok_samples, reference, exp.reference_alike)
+            if verdict.measured == NOT_COMPARABLE and REACHES in verdict.detail.split("; measured ", 1)[0]:
+                return True
+    return False
+
+
+def time_verdict(exp: LabExpectation, world_size: int, samples: list[Sample]) -> Verdict:
+    """The time budget, a speed row by the same rule with a one-sided interval: other work only ever
+    slows a run, so the slowest run within the budget passes whatever ran beside it; over it, it
+    fails where the cores were the run's own, and is not comparable where they were crowded (the
+    run's own ranks x threads past its cores, or other work busy beside it). A run that timed out
+    still fails its "run" row."""
+    lab, budget = exp.lab, exp.time_budget_s
+    ok_samples = [s for s in samples if s.status == "ok"]
+    failed = [s for s in samples if s.status != "ok"]
+    slowest = max(s.wall_seconds for s in samples)
+    seen = interference(samples)
+    if not ok_samples and slowest <= budget:  # a crash's wall time says nothing of the program's speed
+        return Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {budget:g} s", None,
+                       f"not judged: no run finished well ({_failures(failed)})")
+    why = next((s.start_up for s in samples if s.wall_seconds == slowest and s.start_up), "")
+    verdict = Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {budget:g} s", slowest <= budget,
+                      "slowest run's wall time" + ("" if ok_samples else f"; no run finished well "
+                                                   f"({_failures(failed)})") + (
+                          f"; of it, {why}" if why and slowest > budget else "") + f"; interference: {seen}",
+                      margin=below(slowest, budget), interference=str(seen))
+    if verdict.passed:
+        return verdict
+    crowded = speed_not_judged(samples) or (f"other work ran beside the runs ({seen}): run again on a quieter "
+                                            "machine" if seen.busy() else None)
+    return not_comparable(verdict, crowded) if crowded else verdict
 
 
 def _failures(failed: list[Sample]) -> str:
@@ -355,24 +496,48 @@ def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]],
                                                        abs(here - base) <= exp.accuracy_delta, compared,
                                                        margin=within(abs(here - base), exp.accuracy_delta))))
         if ws in exp.efficiency_min:
-            base, here = mean_of(1, exp.throughput_metric, base_runs), mean_of(ws, exp.throughput_metric)
-            if not base or here is None:
-                verdicts.append(Verdict(exp.lab, ws, "efficiency", "-", f">= {exp.efficiency_min[ws]:g}", None,
-                                        f"needs {exp.throughput_metric} at world sizes 1 and {ws}"))
-            else:
-                efficiency = scaling_efficiency(here, ws, base)
-                how = f"T({ws}) / ({ws} T(1)) with T = {exp.throughput_metric}" + (
-                    f" (T(1): the {exp.single_device}'s)" if exp.single_device else "")
-                if exp.reference and references.get(1) and references.get(ws):
-                    loop = scaling_efficiency(references[ws], ws, references[1])  # type: ignore[arg-type]
-                    how = f"{how} = {efficiency:.3f}, over its reference's own {loop:.3f} in this grade"
-                    efficiency /= loop
-                verdict = Verdict(exp.lab, ws, "efficiency", f"{efficiency:.3f}", f">= {exp.efficiency_min[ws]:g}",
-                                  efficiency >= exp.efficiency_min[ws], how,
-                                  margin=above(efficiency, exp.efficiency_min[ws]))
-                crowded = speed_not_judged(ok.get(ws, [])) or speed_not_judged(base_runs)
-                verdicts.append(not_judged(verdict, crowded) if crowded else as_lesson(exp, verdict))
+            verdicts += efficiency_verdicts(exp, ws, ok.get(ws, []), base_runs, references)
     return verdicts
+
+
+def efficiency_verdicts(exp: LabExpectation, ws: int, runs: list[Sample], base_runs: list[Sample],
+                        references: dict[int, float | None]) -> list[Verdict]:
+    """Scaling efficiency T(n) / (n T(1)) by speed_rule, its interval over the runs at both ends.
+    Where the throughput is a ratio to a reference, over the reference's own: each run's rate over
+    its paired reference (else the cell's reference rate), so (T(n)/R(n)) / (T(1)/R(1))."""
+    floor = exp.efficiency_min[ws]
+    name = exp.throughput_metric
+
+    def rates(samples: list[Sample], at: int) -> list[float] | None:
+        values = [sample_metric(s, name) for s in samples]
+        if not values or any(v is None or v <= 0 for v in values):
+            return None
+        if not (exp.reference and references.get(1) and references.get(ws)):
+            return values  # type: ignore[return-value]
+        return [v / (s.reference or references[at]) for v, s in zip(values, samples, strict=True)]  # type: ignore[operator]
+
+    top, bottom = rates(runs, ws), rates(base_runs, 1)
+    if top is None or bottom is None:
+        return [Verdict(exp.lab, ws, "efficiency", "-", f">= {floor:g}", None,
+                        f"needs {name} at world sizes 1 and {ws}")]
+    over_loop = bool(exp.reference and references.get(1) and references.get(ws))
+    interval = ratio_of_intervals(top, bottom)
+    scale = 1.0 if over_loop else 1.0 / ws
+    how = f"T({ws}) / ({ws} T(1)) with T = {name}" \
+        + (f" (T(1): the {exp.single_device}'s)" if exp.single_device else "") \
+        + (", each run over its reference's rate: over the reference's own scaling" if over_loop else "")
+    seen = interference([*runs, *base_runs])
+    shown = Interval(interval.mean * scale, interval.low * scale, interval.high * scale, interval.n)
+    state = PASS if shown.low >= floor else UNDECIDED if shown.high >= floor else \
+        BIASED if not exp.reference_alike and seen.busy() else FAIL
+    detail = f"{how}; 95% interval {span(shown)} over {len(top)} and {len(bottom)} run(s); interference: {seen}"
+    verdict = Verdict(exp.lab, ws, "efficiency", f"{shown.mean:.3f}", f">= {floor:g}", state == PASS, detail,
+                      margin=above(shown.low if state == PASS else shown.high, floor), interference=str(seen))
+    crowded = speed_not_judged(runs) or speed_not_judged(base_runs) or (
+        f"below the floor, but other work ran beside the runs ({seen}): run again on a quieter machine"
+        if state == BIASED else f"the interval {span(shown)} {REACHES} {floor:g}: run again with more "
+        f"repeats (--repeats) or on a quieter machine ({seen})" if state == UNDECIDED else None)
+    return [not_comparable(verdict, crowded) if crowded else as_lesson(exp, verdict)]
 
 
 def grade_verdicts(profile: Profile, labs: list[str], done: dict[tuple[str, int], list[Sample]],
