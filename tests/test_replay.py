@@ -75,20 +75,18 @@ def replay(results: Path) -> bytes:
 
 
 def test_replayed_grade_gives_the_stored_verdicts(tmp_path, monkeypatch):
+    """The replay stands for the grade: what the grading stage makes of the stored runs now is, byte
+    for byte, expected_verdicts.json, and, but for the run directories' place, the verdicts the real
+    grade wrote (live_verdicts.json). And they are worth comparing: every kind of verdict the cells
+    have, with their measured numbers."""
     monkeypatch.chdir(FIXTURE)  # run directories by their names in the fixture: no path of this machine
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     verdicts = replay(tmp_path)
     if os.environ.get("DISTLAB_REPLAY_WRITE") == "1":
         EXPECTED.write_bytes(verdicts)
     assert verdicts == EXPECTED.read_bytes()
-
-
-def test_the_stored_verdicts_are_the_live_grade_s():
-    """The replay stands for the grade: the verdicts the real grade wrote (live_verdicts.json, with
-    this machine's run directories), the same but for the run directories' place. And they are
-    worth comparing: every kind of verdict the cells have, with their measured numbers."""
-    replayed, live = json.loads(EXPECTED.read_text()), json.loads((FIXTURE / "live_verdicts.json").read_text())
-    assert replayed == live
+    replayed = json.loads(verdicts)
+    assert replayed == json.loads((FIXTURE / "live_verdicts.json").read_text())
     checks = {v["check"] for v in replayed}
     assert {"run", "time", "img_per_sec_ratio", "efficiency", "observed:shards_disjoint",
             "observed:replicas_identical", "observed:buffers_identical", "observed:checkpoint_loads",

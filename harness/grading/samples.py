@@ -58,8 +58,12 @@ def timed(result: RunResult, metric_name: str) -> Sample:
     sample = sample_of(result)
     observe_dir = result.run_dir / OBSERVE_DIR
     if metric_name == "img_per_sec" and observe_dir.is_dir() and not tampers_with_the_grader(sample.untrusted):
-        sample.measured[metric_name] = rate = observations.throughput(observations.load(observe_dir))
-        if rate is None:
+        seen = observations.load(observe_dir)
+        slowed = observations.clock_disagreement(seen)
+        sample.measured[metric_name] = rate = None if slowed else observations.throughput(seen)
+        if slowed:
+            sample.measure_errors[metric_name] = f"not timed: {slowed}"
+        elif rate is None:
             sample.measure_errors[metric_name] = (
                 f"no rank was seen training past its first {observations.WARMUP_STEPS} optimizer steps (the warm-up, "
                 "left out)")

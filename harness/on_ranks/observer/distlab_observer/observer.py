@@ -60,6 +60,15 @@ from .fileformat import (
 
 # Where a rank's number is before any process group exists, launcher by launcher (labs/README.md).
 _os_replace = os.replace  # the real one: ours is hooked once torch loads
+# The clock, taken before the program's first line runs (sitecustomize imports this module): a program
+# that slows time.perf_counter slows its own timing, not the harness's (issue 44, "slows its own clock").
+_clock = time.perf_counter
+_os_open, _os_read, _os_close, _getpid = os.open, os.read, os.close, os.getpid
+# The optimizer steps after which each rank digests the parameters the optimizers update: the
+# replicas must be equal after every step of a data-parallel run, not only at the end (a program that
+# trains each rank alone and broadcasts rank 0's state after each epoch ends with equal replicas).
+# Powers of two: a few digests whatever the run's length (a ResNet-18's 45 MB, about 0.1 s each).
+SAMPLED_STEPS = tuple(2 ** k for k in range(24))
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "SLURM_PROCID")
 LOADS_KEPT = 100  # torch.loads of files noted per rank
 
@@ -153,7 +162,7 @@ class PassRecorder:
         self.steps_start = self.steps_end = steps
         self.non_integer = False
         # The clock of this process only (perf_counter): times are compared within one rank.
-        self.started = time.perf_counter()
+        self.started = _clock()
         self.images_yielded = 0  # samples in the batches the loop has received so far
         self.step_times = array("d")  # when each optimizer step taken during this pass ended
         self.step_images = array("q")  # images_yielded at that step
@@ -164,7 +173,7 @@ class PassRecorder:
         self.yielded += 1
 
     def stepped(self) -> None:
-        self.step_times.append(time.perf_counter())
+        self.step_times.append(_clock())
         self.step_images.append(self.images_yielded)
 
     def add(self, index: Any) -> None:
@@ -217,6 +226,9 @@ class Observer:
         self._original_save: Any = None
         self.stop_after = _stop_after()  # training epochs before a resume cell's stop; None: never
         self.stopped: dict[str, Any] | None = None
+        self.born = _clock()  # this process's age on the observer's clock, compared at exit with the kernel's
+        self.params_at_start: str | None = None  # the optimizers' parameters before their first step
+        self.params_at_steps: dict[str, str] = {}  # step (SAMPLED_STEPS) -> their digest after it
 
     # ------------------------------------------------------------------------------------- errors
 
@@ -350,6 +362,8 @@ class Observer:
         # class's (Horovod's DistributedOptimizer) fires them twice: only the outermost step counts.
         def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
             self.step_depth += 1
+            if self.steps == 0 and self.step_depth == 1 and self.params_at_start is None:
+                self.params_at_start = self.guard("parameters at start", _params_digest, torch, [optimizer])
             if self.stop_after is not None and self.step_depth == 1:
                 self._stop_if_due()
 
@@ -368,6 +382,10 @@ class Observer:
                 self.last_batch_from.stepped()
             if not self.optimizers or optimizer is not self.optimizers[-1]:
                 self.guard("optimizer", self._note_optimizer, optimizer)
+            if self.steps in SAMPLED_STEPS and self.stopped is None:
+                found = self.guard("parameters at a step", _params_digest, torch, self.optimizers)
+                if found is not None:
+                    self.params_at_steps[str(self.steps)] = found
 
         import importlib
 
@@ -501,10 +519,20 @@ class Observer:
                 "model": self.guard("final model", self._final_model, rank),
                 "errors": self.errors,  # the same list: the final model's errors are in it too
                 "stopped": self.stopped,
+                "training": self.guard("training evidence", self._training_evidence),
             }
             _write_atomically(os.path.join(directory, RANK_FILE.format(rank=rank)), _json_bytes(observed))
         except Exception as error:  # noqa: BLE001
             self.error("finish", error)
+
+    def _training_evidence(self) -> dict[str, Any]:
+        """What the parameters were before the first step and after sampled ones, their digest at exit
+        (taken the same way: a program that trained nothing ends as it began), and this process's age
+        on the observer's clock beside the kernel's account of it (/proc: no Python call of the program's
+        stands between), so that a clock the program slowed shows."""
+        return {"params_at_start": self.params_at_start, "params_at_steps": self.params_at_steps,
+                "params_at_end": _params_digest(self.torch, self.optimizers[:1]) if self.optimizers else None,
+                "clock_age_s": _clock() - self.born, "kernel_age_s": _kernel_age()}
 
     def _final_model(self, rank: int) -> dict[str, Any] | None:
         if self.model is None:
@@ -534,6 +562,40 @@ class Observer:
             _os_replace(temporary, path)
             found["weights_file"] = name
         return found
+
+
+def _params_digest(torch: Any, optimizers: list[Any]) -> str:
+    """sha256 of the parameters the optimizers update, in their order: dtype, shape and exact bytes."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    tensor = param.detach().cpu().contiguous()
+                    digest.update(f"{tensor.dtype}{tuple(tensor.shape)}\0".encode())
+                    digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def _kernel_age() -> float | None:
+    """Seconds since this process started, by the kernel (/proc/self/stat's start time against
+    /proc/uptime, in clock ticks); None where /proc does not say."""
+    def read(path: str) -> str:
+        fd = _os_open(path, os.O_RDONLY)
+        try:
+            return _os_read(fd, 4096).decode()
+        finally:
+            _os_close(fd)
+
+    try:
+        stat = read(f"/proc/{_getpid()}/stat")
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the command name
+        uptime = float(read("/proc/uptime").split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _stop_after() -> int | None:
