@@ -90,5 +90,6 @@ def test_replayed_grade_gives_the_stored_verdicts(tmp_path, monkeypatch):
     checks = {v["check"] for v in replayed}
     assert {"run", "time", "img_per_sec_ratio", "efficiency", "observed:shards_disjoint",
             "observed:replicas_identical", "observed:buffers_identical", "observed:checkpoint_loads",
-            "observed:optimizer_steps_equal", "final_accuracy"} <= checks
-    assert all(v["measured"] for v in replayed) and len(replayed) == 43
+            "observed:optimizer_steps_equal", "final_accuracy", "observed:parameters_trained",
+            "observed:replicas_in_step", "observed:clock"} <= checks
+    assert all(v["measured"] for v in replayed) and len(replayed) == 52
