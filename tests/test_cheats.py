@@ -56,6 +56,12 @@ time.perf_counter = lambda: _real() / 20
 SLOW_OBSERVER = SLOW + """import distlab_observer.observer
 distlab_observer.observer._clock = time.perf_counter
 """
+# The observer's data hook taken off the loader (functools.wraps left the original at __wrapped__):
+# the passes go unseen from then on.
+UNHOOK = """from torch.utils.data.dataloader import _BaseDataLoaderIter
+_BaseDataLoaderIter._next_index = getattr(_BaseDataLoaderIter._next_index, "__wrapped__",
+                                          _BaseDataLoaderIter._next_index)
+"""
 
 # name -> (the changes, as (old, new) pairs; the checks that must fail, each with words of its detail)
 CHEATS = {
@@ -68,8 +74,10 @@ CHEATS = {
     "slows-the-observer-s-clock": ([(IMPORTS, IMPORTS + SLOW_OBSERVER)],
                                    {"clock": "by the observer's clock: the clock the harness times training with "
                                              "was slowed"}),
+    "unhooks-the-observer": ([(IMPORTS, IMPORTS + UNHOOK)],
+                             {"observer": "the DataLoader iterator's _next_index was replaced during the run"}),
 }
-NEW_CHECKS = ("parameters_trained", "replicas_in_step", "clock")
+NEW_CHECKS = ("parameters_trained", "replicas_in_step", "clock", "observer")
 
 
 def cheat(tmp_path: Path, changes: list[tuple[str, str]]) -> Path:

@@ -229,6 +229,9 @@ class Observer:
         self.born = _clock()  # this process's age on the observer's clock, compared at exit with the kernel's
         self.params_at_start: str | None = None  # the optimizers' parameters before their first step
         self.params_at_steps: dict[str, str] = {}  # step (SAMPLED_STEPS) -> their digest after it
+        # Each hook as installed: what it is, how to find what stands there now, and ours. At exit a hook
+        # that is no longer ours is an error of the observer's (its evidence stopped there), never a pass.
+        self.hooks: list[tuple[str, Callable[[], Any], Any]] = []
 
     # ------------------------------------------------------------------------------------- errors
 
@@ -276,6 +279,8 @@ class Observer:
             return result
 
         c10d.init_process_group = init_process_group
+        self.hooks.append(("torch.distributed's init_process_group", lambda: c10d.init_process_group,
+                           init_process_group))
         if dist.init_process_group is original:
             dist.init_process_group = init_process_group
 
@@ -335,6 +340,8 @@ class Observer:
             return batch
 
         base._next_index, base.__next__ = _next_index, __next__
+        self.hooks += [("the DataLoader iterator's _next_index", lambda: base.__dict__.get("_next_index"), _next_index),
+                       ("the DataLoader iterator's __next__", lambda: base.__dict__.get("__next__"), __next__)]
 
     def _new_pass(self, iterator: Any) -> PassRecorder:
         sampler, dataset = iterator._index_sampler, iterator._dataset
@@ -392,6 +399,11 @@ class Observer:
         hooks = importlib.import_module("torch.optim.optimizer")  # torch.optim deletes the attribute
         hooks.register_optimizer_step_pre_hook(pre)
         hooks.register_optimizer_step_post_hook(post)
+        for what, table, ours in (("pre", "_global_optimizer_pre_hooks", pre),
+                                  ("post", "_global_optimizer_post_hooks", post)):
+            self.hooks.append((f"torch.optim's global step {what}-hook",
+                               lambda table=table, ours=ours: ours if any(
+                                   hook is ours for hook in getattr(hooks, table).values()) else None, ours))
 
     def _stop_if_due(self) -> None:
         """A resume cell's stop: at the first step of a pass, once stop_after training passes are done.
@@ -435,6 +447,7 @@ class Observer:
             return result
 
         torch.serialization.save = save
+        self.hooks.append(("torch.serialization.save", lambda: torch.serialization.save, save))
         if torch.save is original:
             torch.save = save
         original_load = torch.serialization.load
@@ -509,6 +522,10 @@ class Observer:
             if not (self.process_groups or self.passes or self.steps or self.saves):
                 return  # a launcher, a DataLoader worker, a helper process
             rank = self.rank()
+            for what, now, ours in self.hooks:
+                if now() is not ours:
+                    self.error("hooks", RuntimeError(f"{what} was replaced during the run: the observer saw nothing "
+                                                     "through it from then on"))
             directory = os.path.join(self.directory, STOPPED_DIR) if self.stopped else self.directory
             os.makedirs(directory, exist_ok=True)
             observed = {
