@@ -57,6 +57,14 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
     "a lesson in one repeat excuses another's failure": (
         VERDICTS, 'costing = [check for check in failing if not check.get("lesson")]',
         'costing = [check for check in failing if not check.get("lesson")] if len(failing) == len(found) else []'),
+    "parameters_trained passes parameters that never changed": (
+        DP, 'unchanged = [rank for rank, t in evidence.items() if t["params_at_start"] == t["params_at_end"]]',
+        "unchanged = []"),
+    "replicas_in_step compares nothing": (
+        DP, "        if len(set(digests.values())) > 1:\n", "        if False:\n"),
+    "clock trusts a slowed clock": (
+        "harness/observe/observations.py", "and clock < CLOCK_AGREEMENT * kernel - CLOCK_SLACK_S",
+        "and clock < 0"),
 }
 
 

@@ -19,6 +19,17 @@ wait for the program to import torch (and horovod.torch); nothing is imported be
   the state itself (final_weights.pt on rank 0, final_weights.<r>.pt on the others), so the harness
   can evaluate each rank's own model where the replicas differ.
 
+- training evidence (issue 44): the digest of the parameters the optimizers update before the first
+  step and at exit (a program that trained nothing ends as it began), after sampled steps (1, 2, 4,
+  ...: compared across ranks, the replicas must be equal during training, not only at the end), and
+  the process's age on the observer's clock beside the kernel's account of it (/proc);
+- at exit, whether each of its hooks is still its own: one a program replaced is an error of the
+  observer's (the checks then say so), never a silent gap.
+
+The observer's clock (time.perf_counter) and the os functions it reads /proc with are taken when
+this module loads, before the program's first line: a program that slows time.perf_counter slows
+its own timing, not the harness's.
+
 A resume cell asks the first attempt to stop (fileformat.STOP_AFTER_EPOCHS): once that many
 training epochs are done, at the first optimizer step of the next, the observer writes this
 attempt's observations to <directory>/stopped/ and ends the rank (fileformat.STOP_EXIT_CODE), as a
