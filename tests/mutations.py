@@ -56,7 +56,7 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
         DP, "if len(who) > 1}", "if len(who) > 2}"),
     "a lesson in one repeat excuses another's failure": (
         VERDICTS, 'costing = [check for check in failing if not check.get("lesson")]',
-        'costing = [check for check in failing if not check.get("lesson")] if len(failing) == len(found) else []'),
+        'costing = [check for check in failing[:1] if not check.get("lesson")]'),
     "parameters_trained passes parameters that never changed": (
         DP, 'unchanged = [rank for rank, t in evidence.items() if t["params_at_start"] == t["params_at_end"]]',
         "unchanged = []"),
