@@ -105,6 +105,9 @@ def test_indices_outside_the_set_and_later_epochs_count_against_cover(tmp_path):
                1: {"loader_passes": [epoch([i + 100 for i in range(1, N, 2)])]}}
     check = judged(tmp_path / "a", outside)["shards_cover"]
     assert not check.passed and "8 indices outside it" in check.detail
+    beyond = {0: HALVES[0], 1: {"loader_passes": [epoch([*range(1, N, 2), 99])]}}  # all 16, and one past the end
+    check = judged(tmp_path / "c", beyond)["shards_cover"]
+    assert not check.passed and "16 of 16 samples and 1 indices outside it" in check.detail
     second_half = {r: {"loader_passes": [*p["loader_passes"], epoch(p["loader_passes"][0]["indices"][:2], batch=1)]}
                    for r, p in HALVES.items()}
     check = judged(tmp_path / "b", second_half)["shards_cover"]
