@@ -163,17 +163,20 @@ class PassRecorder:
 
     __slots__ = ("loader", "dataset", "dataset_len", "sampler", "indices", "batch_lengths", "yielded",
                  "steps_start", "steps_end", "non_integer", "started", "images_yielded", "step_times",
-                 "step_images")
+                 "step_images", "now")
 
-    def __init__(self, loader: int, dataset: int, dataset_len: int | None, sampler: str, steps: int) -> None:
+    def __init__(self, loader: int, dataset: int, dataset_len: int | None, sampler: str, steps: int,
+                 now: Callable[[], float] = _clock) -> None:
         self.loader, self.dataset, self.dataset_len, self.sampler = loader, dataset, dataset_len, sampler
         self.indices = array("q")  # 8 bytes an index: a full CIFAR-10 run keeps a few MB, not ints
         self.batch_lengths = array("q")
         self.yielded = 0
         self.steps_start = self.steps_end = steps
         self.non_integer = False
-        # The clock of this process only (perf_counter): times are compared within one rank.
-        self.started = _clock()
+        # The clock of this process only (perf_counter): times are compared within one rank. `now` leaves
+        # out the observer's own pauses (Observer.training_clock).
+        self.now = now
+        self.started = now()
         self.images_yielded = 0  # samples in the batches the loop has received so far
         self.step_times = array("d")  # when each optimizer step taken during this pass ended
         self.step_images = array("q")  # images_yielded at that step
@@ -184,7 +187,7 @@ class PassRecorder:
         self.yielded += 1
 
     def stepped(self) -> None:
-        self.step_times.append(_clock())
+        self.step_times.append(self.now())
         self.step_images.append(self.images_yielded)
 
     def add(self, index: Any) -> None:
@@ -243,6 +246,7 @@ class Observer:
         # Each hook as installed: what it is, how to find what stands there now, and ours. At exit a hook
         # that is no longer ours is an error of the observer's (its evidence stopped there), never a pass.
         self.hooks: list[tuple[str, Callable[[], Any], Any]] = []
+        self.paused = 0.0  # seconds the observer spent digesting parameters between steps
 
     # ------------------------------------------------------------------------------------- errors
 
@@ -363,7 +367,8 @@ class Observer:
         except TypeError:  # an iterable dataset
             dataset_len = None
         inner = getattr(sampler, "sampler", sampler)  # a BatchSampler draws from the sampler the program chose
-        new = PassRecorder(loader, dataset_number, dataset_len, type(inner).__name__, self.steps)
+        new = PassRecorder(loader, dataset_number, dataset_len, type(inner).__name__, self.steps,
+                           self.training_clock)
         self.passes.append(new)
         return new
 
@@ -401,9 +406,11 @@ class Observer:
             if not self.optimizers or optimizer is not self.optimizers[-1]:
                 self.guard("optimizer", self._note_optimizer, optimizer)
             if self.steps in SAMPLED_STEPS and self.stopped is None:
+                began = _clock()
                 found = self.guard("parameters at a step", _params_digest, torch, self.optimizers)
                 if found is not None:
                     self.params_at_steps[str(self.steps)] = found
+                self.paused += _clock() - began
 
         import importlib
 
@@ -510,6 +517,11 @@ class Observer:
         if entry is not None:
             entry["path"] = os.path.realpath(os.fsdecode(dst))
             self.saved_paths[entry["path"]] = entry
+
+    def training_clock(self) -> float:
+        """The observer's clock less the time it spent on its own digests: the harness times the
+        program's training, not the observer (a ResNet-18's digest is some 0.1 s on a CPU)."""
+        return _clock() - self.paused
 
     # ----------------------------------------------------------------------------------- at exit
 
