@@ -364,6 +364,12 @@ def robustness(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none", requires=["env"], default=False)
+def mutations(session: nox.Session) -> None:
+    """Hand mutations of the grader's checks, one at a time in a copy: how many the fast tests catch."""
+    _run_in_env(session, "python", "tests/mutations.py", *session.posargs)
+
+
+@nox.session(venv_backend="none", requires=["env"], default=False)
 @nox.parametrize("what", ["train", "allreduce", "verdict", "class"])
 def bench(session: nox.Session, what: str) -> None:
     """Benchmarks that print ratios measured side by side in one run."""

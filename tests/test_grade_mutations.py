@@ -56,6 +56,7 @@ MUTANTS = {
                           (REPORT, REPORT + "\n        record.metrics['final_accuracy'] = 0.99"
                                             "\n        record.metrics['img_per_sec'] *= 10")],
                          {"observed:replicas_identical": "harness observed 2 distinct digests",
+                          "observed:replicas_in_step": "after optimizer step 1 differ between rank 0 and rank 1",
                           "claim:params_identical": "record claims params_identical, harness observed 2",
                           "claim:final_accuracy": "record claims final_accuracy 0.99, harness measured",
                           "claim:img_per_sec": "harness timed"}),

@@ -7,7 +7,7 @@ The programs themselves are graded through the real launchers in tests/test_tuto
 
 from __future__ import annotations
 
-import json
+import fnmatch
 from pathlib import Path
 
 import pytest
@@ -217,7 +217,15 @@ def test_the_shipped_rubric_has_the_new_items():
     names = {item.name: item for item in rubric.load().items}
     assert names["BatchNorm statistics averaged"].points == 0
     assert names["a checkpoint that loads"].absent_passes and names["resumes where it stopped"].absent_passes
-    assert json.loads(json.dumps(sorted(names)))  # gradebook columns, one per item
+
+    # Every check an item names is one the grader makes: a misspelt name would match no verdict, and
+    # the item would pay nothing (or, with absent_passes, everything) whatever the program did.
+    made = {f"observed:{check.name}" for check in data_parallel.checks(
+        observations.Observations(Path("observe")), "gloo", 2, checkpoints=[])} | {f"observed:{resume.NAME}"}
+    made |= {"run", "time", "img_per_sec_ratio", "claim:final_accuracy"}
+    for item in names.values():
+        for pattern in item.checks:
+            assert any(fnmatch.fnmatchcase(check, pattern) for check in made), (item.name, pattern)
 
 
 def test_other_ranks_copies_of_rank0s_weights_are_dropped_once_measured(tmp_path):

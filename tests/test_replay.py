@@ -7,7 +7,9 @@ record.json, every rank's observations, and the accuracy the harness measured fr
 stage itself (grading.plan_grade, grading.run_grade) and the grade command's report, with the launches
 replaced by those runs: the plan, the observed checks, the throughput the harness times, the claims
 compared, the reference pairing, every verdict and the report. A change that is meant to leave
-behaviour alone (a refactor) must leave expected_verdicts.json as it is.
+behaviour alone (a refactor) must leave expected_verdicts.json as it is. tests/fixtures/replay-wrong
+holds the grade of a wrong program the same way (capture.py --wrong): a lenient grader changes its
+failed rows and contradicted claims.
 """
 
 from __future__ import annotations
@@ -47,16 +49,21 @@ def stored_result(run_dir: str) -> RunResult:
                      run["timed_out"], run["interrupted"], run["hang_suspected"], run["stopped_by"])
 
 
-# The grade the fixture stored (runs.json's "args": the command line it was captured with).
-PROFILE, LABS, WORLD_SIZES = "cpu-smoke", ["baseline", "ddp"], [1, 2]
+# The grades the fixtures stored (runs.json's "args": the command line each was captured with):
+# folder -> (labs, world sizes, programs by row). replay-wrong: a student's program that never
+# all-reduces and lies about it, graded against the course lab (capture.py --wrong).
+PROFILE = "cpu-smoke"
+GRADES = {"replay": (["baseline", "ddp"], [1, 2], {}), "replay-wrong": (["ddp"], [2], {"ddp": "program.py"})}
 
 
-def replay(results: Path) -> bytes:
+def replay(fixture: Path, results: Path) -> bytes:
     """The grading stage over the stored runs, then the grade's report; the verdicts.json it writes."""
-    runs = json.loads((FIXTURE / "runs.json").read_text())
-    assert runs["args"] == ["grade", "--profile", PROFILE, "--labs", ",".join(LABS),
-                            "--world-sizes", ",".join(map(str, WORLD_SIZES))]
-    evaluator = StoredMeasurements(json.loads((FIXTURE / "measured.json").read_text()))
+    labs, world_sizes, programs = GRADES[fixture.name]
+    runs = json.loads((fixture / "runs.json").read_text())
+    assert runs["args"] == ["grade", "--profile", PROFILE, "--labs", ",".join(labs),
+                            "--world-sizes", ",".join(map(str, world_sizes)),
+                            *(arg for row, path in programs.items() for arg in ("--program", f"{row}={path}"))]
+    evaluator = StoredMeasurements(json.loads((fixture / "measured.json").read_text()))
 
     def execute(grade_plan, done, references):
         assert [f"{lab}@{ws}" for lab, ws in grade_plan.cells()] == list(runs["done"])
@@ -69,42 +76,68 @@ def replay(results: Path) -> bytes:
                 done.setdefault((lab, ws), []).append(samples.observed_sample(
                     stored_result(run_dir), grade_plan.profile.labs[lab], grade_plan.request(lab, ws), evaluator))
 
-    grade_plan = plan_grade(resolve(PROFILE, {}), labs=LABS, world_sizes=WORLD_SIZES, results_root=results)
+    grade_plan = plan_grade(resolve(PROFILE, {}), labs=labs, world_sizes=world_sizes, results_root=results,
+                            programs={row: fixture / path for row, path in programs.items()})
     grade.report(run_grade(grade_plan, execute_cells=execute))
     return next(results.glob("grade/*/verdicts.json")).read_bytes()
 
 
-def test_replayed_grade_gives_the_stored_verdicts(tmp_path, monkeypatch):
-    monkeypatch.chdir(FIXTURE)  # run directories by their names in the fixture: no path of this machine
+def replayed(fixture: Path, results: Path, monkeypatch) -> list[dict]:
+    """The fixture's grade replayed: byte for byte its expected_verdicts.json and, but for the run
+    directories' place and the speed rule of issue 48, the verdicts the real grade wrote
+    (live_verdicts.json)."""
+    monkeypatch.chdir(fixture)  # run directories by their names in the fixture: no path of this machine
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    verdicts = replay(tmp_path)
+    verdicts = replay(fixture, results)
+    expected = fixture / "expected_verdicts.json"
     if os.environ.get("DISTLAB_REPLAY_WRITE") == "1":
-        EXPECTED.write_bytes(verdicts)
-    assert verdicts == EXPECTED.read_bytes()
+        expected.write_bytes(verdicts)
+    assert verdicts == expected.read_bytes()
+    found = json.loads(verdicts)
+    assert_the_live_grade_s(found, json.loads((fixture / "live_verdicts.json").read_text()))
+    return found
 
 
-def test_the_stored_verdicts_are_the_live_grade_s():
-    """The replay stands for the grade: the verdicts the real grade wrote (live_verdicts.json, with
-    this machine's run directories), the same but for the run directories' place. And they are
-    worth comparing: every kind of verdict the cells have, with their measured numbers."""
-    replayed, live = json.loads(EXPECTED.read_text()), json.loads((FIXTURE / "live_verdicts.json").read_text())
-    # The live grade predates issue 48's speed rule: its speed rows were a median against the floor,
-    # one pair each. Replayed, one pair has no spread, so each ratio row is "not comparable" with the
-    # live grade's number (a grade run now would have run more pairs, grading/execute.py); the time
-    # rows are the same verdicts; every other row is the live one as it was.
-    speed = {"img_per_sec_ratio", "efficiency", "time"}
+SPEED = {"img_per_sec_ratio", "efficiency", "time"}
+
+
+def assert_the_live_grade_s(replayed: list[dict], live: list[dict]) -> None:
+    """The live grade predates issue 48's speed rule: its speed rows were a median against the floor,
+    of its pairs. Replayed, a row of one pair has no spread, so it is "not comparable" with the live
+    grade's number (a grade run now would have run more pairs, grading/execute.py); a row of more
+    pairs keeps its verdict; the time rows are the same verdicts; every other row is the live one."""
     assert [(v["lab"], v["world_size"], v["check"]) for v in replayed] == \
         [(v["lab"], v["world_size"], v["check"]) for v in live]
     for now, then in zip(replayed, live, strict=True):
-        if now["check"] not in speed:
-            assert {key: value for key, value in now.items() if key != "interference"} == then
+        same = {key: value for key, value in now.items() if key != "interference"} == then
+        if now["check"] not in SPEED or same:
+            assert same, (now, then)
         elif now["check"] == "time":
             assert (now["measured"], now["passed"]) == (then["measured"], then["passed"])
-        else:
-            assert (now["measured"], now["passed"]) == ("not comparable", None)
+        elif now["passed"] is None:  # one pair: no spread to judge by
+            assert (now["measured"], then["passed"]) == ("not comparable", True)
             assert f"measured {then['measured']} " in now["detail"] and "over 1" in now["detail"]
-    checks = {v["check"] for v in replayed}
+        else:  # pairs enough: the same verdict, the ratio their geometric mean (the live grade's median)
+            assert now["passed"] == then["passed"] and "95% interval" in now["detail"], (now, then)
+
+
+def test_replayed_grade_gives_the_stored_verdicts(tmp_path, monkeypatch):
+    """The replay stands for the grade, and its verdicts are worth comparing: every kind of verdict
+    the cells have, with their measured numbers."""
+    verdicts = replayed(FIXTURE, tmp_path, monkeypatch)
+    checks = {v["check"] for v in verdicts}
     assert {"run", "time", "img_per_sec_ratio", "efficiency", "observed:shards_disjoint",
             "observed:replicas_identical", "observed:buffers_identical", "observed:checkpoint_loads",
-            "observed:optimizer_steps_equal", "final_accuracy"} <= checks
-    assert all(v["measured"] for v in replayed) and len(replayed) == 43
+            "observed:optimizer_steps_equal", "final_accuracy", "observed:parameters_trained",
+            "observed:replicas_in_step", "observed:clock"} <= checks
+    assert all(v["measured"] for v in verdicts) and len(verdicts) == 52
+
+
+def test_a_replayed_grade_of_a_wrong_program_fails_it_for_what_it_did(tmp_path, monkeypatch):
+    """A more lenient grader changes these bytes: the rows that fail, the claims contradicted."""
+    verdicts = replayed(FIXTURE.parent / "replay-wrong", tmp_path, monkeypatch)
+    failed = {v["check"] for v in verdicts if v["passed"] is False}
+    assert {"observed:replicas_identical", "observed:replicas_in_step", "claim:params_identical",
+            "claim:final_accuracy", "claim:img_per_sec"} <= failed, failed
+    passed = {v["check"] for v in verdicts if v["passed"] is True}
+    assert {"run", "observed:shards_disjoint", "observed:parameters_trained"} <= passed, passed

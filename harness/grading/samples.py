@@ -63,9 +63,12 @@ def timed(result: RunResult, metric_name: str) -> Sample:
     observe_dir = result.run_dir / OBSERVE_DIR
     if metric_name == "img_per_sec" and observe_dir.is_dir() and not tampers_with_the_grader(sample.untrusted):
         seen = observations.load(observe_dir)
-        sample.measured[metric_name] = rate = observations.throughput(seen)
+        slowed = observations.clock_disagreement(seen)
+        sample.measured[metric_name] = rate = None if slowed else observations.throughput(seen)
         sample.start_up = observations.start_up(seen, sample.wall_seconds)
-        if rate is None:
+        if slowed:
+            sample.measure_errors[metric_name] = f"not timed: {slowed}"
+        elif rate is None:
             sample.measure_errors[metric_name] = (
                 f"no rank was seen training past its first {observations.WARMUP_STEPS} optimizer steps (the warm-up, "
                 "left out)")

@@ -54,6 +54,17 @@ The rules, per check:
   saved by more than one rank.
 - optimizer_steps_equal: every rank took the same number of optimizer steps. Steps taken outside
   any training pass are named: Horovod's broadcast_optimizer_state takes one on a fresh optimizer.
+- parameters_trained: on every rank the parameters the optimizers update differ at exit from what
+  they were before the first optimizer step (the observer digests them both, the same way): a program
+  that steps an optimizer without gradients ends as it began. Not verified (not applicable, never
+  passed) where the observer could not take both digests.
+- replicas_in_step: at every sampled step (observer.SAMPLED_STEPS) that every rank took, every rank's
+  parameters had the same digest: a data-parallel run's replicas are equal after every step, not
+  only at the end (a program that trains each rank alone and broadcasts rank 0's state after each
+  epoch ends with equal replicas). Not verified where no sampled step was digested on every rank.
+- clock: every rank's age by the observer's clock agrees with the kernel's account of it
+  (observations.clock_disagreement): the harness's timings are the time's. Not verified where
+  /proc did not say.
 - observer: the observer itself ran without an error on every rank and all its files were readable.
 """
 
@@ -64,7 +75,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from harness.observe.observations import Observations, RankObservation
+from harness.observe.observations import Observations, RankObservation, clock_disagreement
 
 # The record's claims (labs/common/replicas.py writes them), the observed check that answers each,
 # and the part of it the claim is about: a check failed for another cause does not contradict it
@@ -124,6 +135,9 @@ def checks(observations: Observations, expected_backend: str, expected_world_siz
         *([] if checkpoints is None else [check_checkpoints(checkpoints)]),
         check_one_writer(ranks),
         check_steps(ranks),
+        check_trained(ranks),
+        check_replicas_in_step(ranks),
+        check_clock(observations),
         check_observer(observations),
     ]
 
@@ -454,6 +468,55 @@ def check_steps(ranks: list[RankObservation]) -> Check:
         return Check(name, False, "harness observed " + ", ".join(f"rank {r} took {n} steps" for r, n in steps.items())
                      + outside)
     return Check(name, True, f"every rank took {next(iter(steps.values()))} optimizer steps{outside}")
+
+
+NOT_VERIFIED = "not verified"
+
+
+def check_trained(ranks: list[RankObservation]) -> Check:
+    name = "parameters_trained"
+    evidence = {r.rank: (r.training or {}) for r in ranks}
+    unknown = [rank for rank, t in evidence.items() if not (t.get("params_at_start") and t.get("params_at_end"))]
+    if not ranks or unknown:
+        return Check(name, True, f"{NOT_VERIFIED}: the observer took no digest of the parameters before the first "
+                                 f"step and at exit on rank {_join(unknown) or '(none)'}", applicable=False)
+    unchanged = [rank for rank, t in evidence.items() if t["params_at_start"] == t["params_at_end"]]
+    if unchanged:
+        return Check(name, False, f"harness observed rank {_join(unchanged)}'s parameters at exit bitwise equal to "
+                                  "what they were before the first optimizer step: the optimizer stepped, nothing "
+                                  "was trained (no gradients reached it?)")
+    return Check(name, True, f"every rank's parameters at exit differ from what they were before the first step "
+                             f"({len(ranks)} rank(s))")
+
+
+def check_replicas_in_step(ranks: list[RankObservation]) -> Check:
+    name = "replicas_in_step"
+    sampled = [(r.training or {}).get("params_at_steps") or {} for r in ranks]
+    common = sorted(set.intersection(*(set(s) for s in sampled)), key=int) if sampled else []
+    if len(ranks) < 2 or not common:
+        why = "one rank, nothing to compare" if len(ranks) == 1 else \
+            "no sampled step's parameters were digested on every rank"
+        return Check(name, True, f"{NOT_VERIFIED}: {why}", applicable=False)
+    for step in common:
+        digests = {r.rank: s[step] for r, s in zip(ranks, sampled, strict=True)}
+        if len(set(digests.values())) > 1:
+            apart = [rank for rank, d in digests.items() if d != digests[ranks[0].rank]]
+            return Check(name, False, f"harness observed the parameters after optimizer step {step} differ between "
+                                      f"rank {ranks[0].rank} and rank {_join(apart)}: the replicas trained apart "
+                                      "(no gradient all-reduce?), whatever they ended as", causes=("parameters",))
+    return Check(name, True, f"parameters bitwise equal on all {len(ranks)} ranks after optimizer step(s) "
+                             f"{', '.join(common)}")
+
+
+def check_clock(observations: Observations) -> Check:
+    ages = [(r.training or {}).get("kernel_age_s") for r in observations.ranks.values()]
+    if not ages or any(not isinstance(age, (int, float)) for age in ages):
+        return Check("clock", True, f"{NOT_VERIFIED}: the kernel's account of a rank's age was not read",
+                     applicable=False)
+    slowed = clock_disagreement(observations)
+    if slowed:
+        return Check("clock", False, slowed)
+    return Check("clock", True, f"every rank's clock agreed with the kernel's account of its age ({len(ages)} rank(s))")
 
 
 def _steps_outside(ranks: list[RankObservation]) -> str:

@@ -19,6 +19,17 @@ wait for the program to import torch (and horovod.torch); nothing is imported be
   the state itself (final_weights.pt on rank 0, final_weights.<r>.pt on the others), so the harness
   can evaluate each rank's own model where the replicas differ.
 
+- training evidence (issue 44): the digest of the parameters the optimizers update before the first
+  step and at exit (a program that trained nothing ends as it began), after sampled steps (1, 2, 4,
+  ...: compared across ranks, the replicas must be equal during training, not only at the end), and
+  the process's age on the observer's clock beside the kernel's account of it (/proc);
+- at exit, whether each of its hooks is still its own: one a program replaced is an error of the
+  observer's (the checks then say so), never a silent gap.
+
+The observer's clock (time.perf_counter) and the os functions it reads /proc with are taken when
+this module loads, before the program's first line: a program that slows time.perf_counter slows
+its own timing, not the harness's.
+
 A resume cell asks the first attempt to stop (fileformat.STOP_AFTER_EPOCHS): once that many
 training epochs are done, at the first optimizer step of the next, the observer writes this
 attempt's observations to <directory>/stopped/ and ends the rank (fileformat.STOP_EXIT_CODE), as a
@@ -61,6 +72,15 @@ from .libraries import Libraries
 
 # Where a rank's number is before any process group exists, launcher by launcher (labs/README.md).
 _os_replace = os.replace  # the real one: ours is hooked once torch loads
+# The clock, taken before the program's first line runs (sitecustomize imports this module): a program
+# that slows time.perf_counter slows its own timing, not the harness's (issue 44, "slows its own clock").
+_clock = time.perf_counter
+_os_open, _os_read, _os_close, _getpid = os.open, os.read, os.close, os.getpid
+# The optimizer steps after which each rank digests the parameters the optimizers update: the
+# replicas must be equal after every step of a data-parallel run, not only at the end (a program that
+# trains each rank alone and broadcasts rank 0's state after each epoch ends with equal replicas).
+# Powers of two: a few digests whatever the run's length (a ResNet-18's 45 MB, about 0.1 s each).
+SAMPLED_STEPS = tuple(2 ** k for k in range(24))
 RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "HOROVOD_RANK", "PMI_RANK", "SLURM_PROCID")
 LOADS_KEPT = 100  # torch.loads of files noted per rank
 
@@ -145,17 +165,20 @@ class PassRecorder:
 
     __slots__ = ("loader", "dataset", "dataset_len", "sampler", "indices", "batch_lengths", "yielded",
                  "steps_start", "steps_end", "non_integer", "started", "images_yielded", "step_times",
-                 "step_images")
+                 "step_images", "now")
 
-    def __init__(self, loader: int, dataset: int, dataset_len: int | None, sampler: str, steps: int) -> None:
+    def __init__(self, loader: int, dataset: int, dataset_len: int | None, sampler: str, steps: int,
+                 now: Callable[[], float] = _clock) -> None:
         self.loader, self.dataset, self.dataset_len, self.sampler = loader, dataset, dataset_len, sampler
         self.indices = array("q")  # 8 bytes an index: a full CIFAR-10 run keeps a few MB, not ints
         self.batch_lengths = array("q")
         self.yielded = 0
         self.steps_start = self.steps_end = steps
         self.non_integer = False
-        # The clock of this process only (perf_counter): times are compared within one rank.
-        self.started = time.perf_counter()
+        # The clock of this process only (perf_counter): times are compared within one rank. `now` leaves
+        # out the observer's own pauses (Observer.training_clock).
+        self.now = now
+        self.started = now()
         self.images_yielded = 0  # samples in the batches the loop has received so far
         self.step_times = array("d")  # when each optimizer step taken during this pass ended
         self.step_images = array("q")  # images_yielded at that step
@@ -166,7 +189,7 @@ class PassRecorder:
         self.yielded += 1
 
     def stepped(self) -> None:
-        self.step_times.append(time.perf_counter())
+        self.step_times.append(self.now())
         self.step_images.append(self.images_yielded)
 
     def add(self, index: Any) -> None:
@@ -220,6 +243,13 @@ class Observer:
         self.stop_after = _stop_after()  # training epochs before a resume cell's stop; None: never
         self.stopped: dict[str, Any] | None = None
         self.libraries = Libraries(self)  # beyond torch's entry points: libraries.py
+        self.born = _clock()  # this process's age on the observer's clock, compared at exit with the kernel's
+        self.params_at_start: str | None = None  # the optimizers' parameters before their first step
+        self.params_at_steps: dict[str, str] = {}  # step (SAMPLED_STEPS) -> their digest after it
+        # Each hook as installed: what it is, how to find what stands there now, and ours. At exit a hook
+        # that is no longer ours is an error of the observer's (its evidence stopped there), never a pass.
+        self.hooks: list[tuple[str, Callable[[], Any], Any]] = []
+        self.paused = 0.0  # seconds the observer spent digesting parameters between steps
 
     # ------------------------------------------------------------------------------------- errors
 
@@ -268,6 +298,8 @@ class Observer:
             return result
 
         c10d.init_process_group = init_process_group
+        self.hooks.append(("torch.distributed's init_process_group", lambda: c10d.init_process_group,
+                           init_process_group))
         if dist.init_process_group is original:
             dist.init_process_group = init_process_group
 
@@ -331,6 +363,8 @@ class Observer:
             return batch
 
         base._next_index, base.__next__ = _next_index, __next__
+        self.hooks += [("the DataLoader iterator's _next_index", lambda: base.__dict__.get("_next_index"), _next_index),
+                       ("the DataLoader iterator's __next__", lambda: base.__dict__.get("__next__"), __next__)]
 
     def _new_pass(self, iterator: Any) -> PassRecorder:
         sampler, dataset = iterator._index_sampler, iterator._dataset
@@ -341,7 +375,8 @@ class Observer:
         except TypeError:  # an iterable dataset
             dataset_len = None
         inner = getattr(sampler, "sampler", sampler)  # a BatchSampler draws from the sampler the program chose
-        new = PassRecorder(loader, dataset_number, dataset_len, type(inner).__name__, self.steps)
+        new = PassRecorder(loader, dataset_number, dataset_len, type(inner).__name__, self.steps,
+                           self.training_clock)
         self.passes.append(new)
         return new
 
@@ -358,6 +393,8 @@ class Observer:
         # class's (Horovod's DistributedOptimizer) fires them twice: only the outermost step counts.
         def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
             self.step_depth += 1
+            if self.steps == 0 and self.step_depth == 1 and self.params_at_start is None:
+                self.params_at_start = self.guard("parameters at start", _params_digest, torch, [optimizer])
             if self.stop_after is not None and self.step_depth == 1:
                 self._stop_if_due()
 
@@ -376,12 +413,23 @@ class Observer:
                 self.last_batch_from.stepped()
             if not self.optimizers or optimizer is not self.optimizers[-1]:
                 self.guard("optimizer", self._note_optimizer, optimizer)
+            if self.steps in SAMPLED_STEPS and self.stopped is None:
+                began = _clock()
+                found = self.guard("parameters at a step", _params_digest, torch, self.optimizers)
+                if found is not None:
+                    self.params_at_steps[str(self.steps)] = found
+                self.paused += _clock() - began
 
         import importlib
 
         hooks = importlib.import_module("torch.optim.optimizer")  # torch.optim deletes the attribute
         hooks.register_optimizer_step_pre_hook(pre)
         hooks.register_optimizer_step_post_hook(post)
+        for what, table, ours in (("pre", "_global_optimizer_pre_hooks", pre),
+                                  ("post", "_global_optimizer_post_hooks", post)):
+            self.hooks.append((f"torch.optim's global step {what}-hook",
+                               lambda table=table, ours=ours: ours if any(
+                                   hook is ours for hook in getattr(hooks, table).values()) else None, ours))
 
     def _stop_if_due(self) -> None:
         """A resume cell's stop: at the first step of a pass, once stop_after training passes are done.
@@ -426,6 +474,7 @@ class Observer:
             return result
 
         torch.serialization.save = save
+        self.hooks.append(("torch.serialization.save", lambda: torch.serialization.save, save))
         if torch.save is original:
             torch.save = save
         original_load = torch.serialization.load
@@ -478,6 +527,11 @@ class Observer:
             entry["path"] = os.path.realpath(os.fsdecode(dst))
             self.saved_paths[entry["path"]] = entry
 
+    def training_clock(self) -> float:
+        """The observer's clock less the time it spent on its own digests: the harness times the
+        program's training, not the observer (a ResNet-18's digest is some 0.1 s on a CPU)."""
+        return _clock() - self.paused
+
     # ----------------------------------------------------------------------------------- at exit
 
     def rank(self) -> int:
@@ -500,6 +554,10 @@ class Observer:
             if not (self.process_groups or self.passes or self.steps or self.saves):
                 return  # a launcher, a DataLoader worker, a helper process
             rank = self.rank()
+            for what, now, ours in self.hooks:
+                if now() is not ours:
+                    self.error("hooks", RuntimeError(f"{what} was replaced during the run: the observer saw nothing "
+                                                     "through it from then on"))
             directory = os.path.join(self.directory, STOPPED_DIR) if self.stopped else self.directory
             os.makedirs(directory, exist_ok=True)
             observed = {
@@ -511,10 +569,20 @@ class Observer:
                 "errors": self.errors,  # the same list: the final model's errors are in it too
                 "stopped": self.stopped,
                 "libraries": self.guard("libraries", self.libraries.to_json),
+                "training": self.guard("training evidence", self._training_evidence),
             }
             _write_atomically(os.path.join(directory, RANK_FILE.format(rank=rank)), _json_bytes(observed))
         except Exception as error:  # noqa: BLE001
             self.error("finish", error)
+
+    def _training_evidence(self) -> dict[str, Any]:
+        """What the parameters were before the first step and after sampled ones, their digest at exit
+        (taken the same way: a program that trained nothing ends as it began), and this process's age
+        on the observer's clock beside the kernel's account of it (/proc: no Python call of the program's
+        stands between), so that a clock the program slowed shows."""
+        return {"params_at_start": self.params_at_start, "params_at_steps": self.params_at_steps,
+                "params_at_end": _params_digest(self.torch, self.optimizers[:1]) if self.optimizers else None,
+                "clock_age_s": _clock() - self.born, "kernel_age_s": _kernel_age()}
 
     def _final_model(self, rank: int) -> dict[str, Any] | None:
         if self.model is None:
@@ -544,6 +612,40 @@ class Observer:
             _os_replace(temporary, path)
             found["weights_file"] = name
         return found
+
+
+def _params_digest(torch: Any, optimizers: list[Any]) -> str:
+    """sha256 of the parameters the optimizers update, in their order: dtype, shape and exact bytes."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    tensor = param.detach().cpu().contiguous()
+                    digest.update(f"{tensor.dtype}{tuple(tensor.shape)}\0".encode())
+                    digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def _kernel_age() -> float | None:
+    """Seconds since this process started, by the kernel (/proc/self/stat's start time against
+    /proc/uptime, in clock ticks); None where /proc does not say."""
+    def read(path: str) -> str:
+        fd = _os_open(path, os.O_RDONLY)
+        try:
+            return _os_read(fd, 4096).decode()
+        finally:
+            _os_close(fd)
+
+    try:
+        stat = read(f"/proc/{_getpid()}/stat")
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, counted after the command name
+        uptime = float(read("/proc/uptime").split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _stop_after() -> int | None:
