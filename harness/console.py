@@ -29,16 +29,16 @@ class RunProgress:
 
     def started(self, label: str) -> None:
         self._label = label
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, description=label)
 
     def line(self, text: str) -> None:
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, description=f"{self._label}  {text.strip()[:60]}")
 
     def ended(self, outcome: str) -> None:
         self.finished += 1
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, advance=1)
         else:  # a log: one line per run, as text (outcomes quote the lab's output)
             console.print(f"[{self.finished}/{self.total}] {self._label}: {outcome}", markup=False)

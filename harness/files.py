@@ -85,7 +85,7 @@ def read_text(path: Path, limit: int, *, tail: bool = False) -> str:
         return ""
 
 
-def _read_at_most(handle: IO[bytes], limit: int, path: Path) -> bytes:
+def _read_at_most(handle: IO[bytes], limit: int, path: Path | str) -> bytes:
     data = handle.read(limit + 1)  # the file may have grown since fstat
     if len(data) > limit:
         raise NotARegularFile(f"{path} is more than the {limit} bytes allowed")

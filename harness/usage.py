@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import NoReturn
 
 
 class UsageError(Exception):
@@ -15,7 +16,7 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line instead of argparse's usage block
+    def error(self, message: str) -> NoReturn:  # one line instead of argparse's usage block
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 

@@ -245,6 +245,18 @@ def test_the_harness_writes_json_through_its_one_writer():
     assert wrong == []
 
 
+SLURM_COMMANDS = {"sbatch", "scancel", "sacct"}
+
+
+def test_exactly_one_module_runs_slurm_commands():
+    """harness/run/slurm_array.py submits, cancels and accounts every array: two copies of it once
+    behaved differently (one cancelled its array when stopped, the other left it queued)."""
+    runners = {module for module, path in harness_modules().items()
+               for node in ast.walk(ast.parse(path.read_text(), str(path)))
+               if isinstance(node, ast.Constant) and node.value in SLURM_COMMANDS}
+    assert runners == {"harness.run.slurm_array"}
+
+
 @pytest.mark.parametrize("entry", ["harness.run.runner", "harness.run.request"])
 def test_running_a_lab_imports_no_grading_and_no_reporting(entry):
     """What `distlab run` loads: never observe, verdict, report, grading, or another command. Checked

@@ -34,7 +34,7 @@ from harness.classgrade.sandbox.uid import processes_left
 from harness.commands import cli
 from harness.grading import slurm
 from harness.observe import accuracy, data_parallel, observations
-from harness.run import job_templates
+from harness.run import job_templates, slurm_array
 from harness.run.run_dir import RUN_DIR_PLACEHOLDER
 from harness.verdict.tolerances import accuracy_claim_tolerance
 
@@ -69,7 +69,7 @@ def submit(script: str, folder: Path) -> tuple[str, int, str]:
 
 def accounted(job_id: str) -> dict[str, str]:
     """The job's own row in sacct (not its steps)."""
-    rows = {row["JobID"]: row for row in slurm.sacct(job_id)}
+    rows = {row["JobID"]: row for row in slurm_array.sacct(job_id)}
     assert job_id in rows, f"sacct has no row for job {job_id}: {rows}"
     return rows[job_id]
 
@@ -271,7 +271,8 @@ def test_grade_class_on_slurm_grades_again_only_the_task_killed_mid_run(tmp_path
     (third,) = [folder for folder in class_dir.glob("slurm/*") if folder not in (array, second)]
     grader.send_signal(signal.SIGTERM)
     stopped = grader.communicate(timeout=120)[0]
-    assert grader.returncode in (130, 143) and "cancelled the class's Slurm job array" in stopped, stopped[-3000:]
+    assert grader.returncode in (130, 143), stopped[-3000:]
+    assert "cancelled the Slurm job array distlab-class-" in stopped, stopped[-3000:]
     cancelled = time.monotonic()
     while _array_tasks(third, env):  # cancelled: Slurm ends the task (SIGTERM, SIGKILL after KillWait)
         assert time.monotonic() - cancelled < 120, _array_tasks(third, env)
@@ -352,3 +353,72 @@ def test_grade_class_slurm_without_slurm_is_refused_before_anything_is_written(t
     assert "--slurm needs Slurm's sbatch and sacct on PATH (run it on a login node" in err, err
     assert err.count("\n") == 1, err
     assert sorted(tmp_path.rglob("*")) == before and not results.exists()
+
+
+# Without a cluster, Slurm's commands are stood in for by scripts (the machine, not distlab's code):
+# sbatch says it started and then waits as `sbatch --wait` does, scancel writes what it was asked.
+FAKE_SLURM = {
+    "sbatch": '#!/bin/sh\ncp "$(eval echo \\${$#})" "$FAKE_SLURM_LOG/submitted.sbatch"\n'
+              'touch "$FAKE_SLURM_LOG/waiting"\nexec sleep 600\n',
+    "sacct": "#!/bin/sh\nexit 0\n",
+    "scancel": '#!/bin/sh\necho "$@" >> "$FAKE_SLURM_LOG/scancel.log"\n',
+}
+
+
+def _stand_in_slurm(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    bin_dir, log = tmp_path / "fake-slurm", tmp_path / "slurm-log"
+    bin_dir.mkdir()
+    log.mkdir()
+    for name, script in FAKE_SLURM.items():
+        (bin_dir / name).write_text(script)
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{BIN}:{os.environ['PATH']}", "FAKE_SLURM_LOG": str(log),
+           "PYTHONPATH": str(REPO)}
+    return log, env
+
+
+@pytest.mark.parametrize("command", ["grade", "grade-class"])
+def test_a_grader_stopped_while_its_array_waits_cancels_the_array(tmp_path, command):
+    """Both --slurm paths share one array module: a grade stopped (SIGTERM) while sbatch --wait waits
+    cancels its array by the name the script gave it. `grade --slurm` once left its array queued."""
+    log, env = _stand_in_slurm(tmp_path)
+    results = tmp_path / "results"
+    if command == "grade":
+        args = ["grade", "--profile", "cpu-smoke", "--labs", "check", "--world-sizes", "1"]
+    else:
+        submissions = tmp_path / "week4"
+        submissions.mkdir()
+        shutil.copy(CORRECT, submissions / "alice.py")
+        args = ["grade-class", str(submissions), "--world-sizes", "2"]
+    grader = subprocess.Popen([sys.executable, "-m", "harness.commands.cli", *args, "--slurm",
+                               "--results", str(results)], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (log / "waiting").exists():  # the event: sbatch has the array and waits on it
+            assert grader.poll() is None, grader.communicate()[0]
+            assert time.monotonic() < deadline, "sbatch was never called"
+            time.sleep(0.1)
+        grader.send_signal(signal.SIGTERM)
+        output, _ = grader.communicate(timeout=120)
+    finally:
+        grader.kill()
+    assert grader.returncode != 0, output
+    name = next(line.split("=", 1)[1] for line in (log / "submitted.sbatch").read_text().splitlines()
+                if line.startswith("#SBATCH --job-name="))
+    assert (log / "scancel.log").read_text().split()[0] == f"--name={name}", output
+    assert name.startswith("distlab-grade-" if command == "grade" else "distlab-class-")
+
+
+@pytest.mark.parametrize("command", [["grade", "--profile", "cpu-smoke", "--labs", "check"], ["grade-class"]])
+def test_an_sbatch_option_without_slurm_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys, command):
+    submissions = tmp_path / "week4"
+    submissions.mkdir()
+    if command == ["grade-class"]:
+        command = ["grade-class", str(submissions)]
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    assert cli.main([*command, "--sbatch-arg=--partition=cpu", "--results", str(tmp_path / "results")]) == 2
+    err = capsys.readouterr().err
+    assert "--sbatch-arg '--partition=cpu' is given without --slurm; add --slurm or drop it" in err, err
+    assert err.count("\n") == 1 and sorted(tmp_path.rglob("*")) == before

@@ -35,6 +35,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -116,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         sizes.append(sizes[-1] * 2)
 
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="distlab-bench-"))
-    results, failed = [], False
+    results: list[dict[str, Any]] = []
+    failed = False
     try:
         for name in libraries:
             library = LIBRARIES[name]
@@ -129,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
             for index in range(args.warmup_pairs + args.pairs):
                 # A B, then B A: which side goes first alternates, so a drifting machine favours neither.
                 order = ("bench", "reference") if index % 2 == 0 else ("reference", "bench")
-                pair = {}
+                pair: dict[str, dict[int, float]] = {}
                 for side in order:
                     folder = workdir / name / f"pair{index}-{side}"
                     measured = (run_bench if side == "bench" else run_reference)(library, sizes, args, folder)
@@ -154,8 +156,8 @@ def run(args: argparse.Namespace) -> int:
     save(results, sizes, args)
     if failed:
         return 2
-    measured = [row for r in results for row in r.get("rows", [])]
-    return 0 if measured and all(row["passed"] for row in measured) else 1
+    rows = [row for r in results for row in r.get("rows", [])]
+    return 0 if rows and all(row["passed"] for row in rows) else 1
 
 
 def save(results: list[dict], sizes: list[int], args: argparse.Namespace) -> None:
@@ -172,7 +174,7 @@ def _launch(library: Library, lab: str, program: Path, lab_args: list[str], worl
     request = RunRequest(lab=lab, program=program, world_size=world_size, launcher=library.launcher,
                          backend=library.name, lab_args=lab_args, threads=1, timeout_s=1800.0, results_root=folder)
     result = run_lab(request, echo=False)
-    if not result.ok:
+    if not result.ok or result.record is None:
         return f"{result.reason} (see {result.run_dir})"
     return result.record["metrics"]
 

@@ -36,6 +36,8 @@ def _load_test_module(name: str):  # the test suite's own profile, rubric and mu
                          "run it from a git checkout")
     sys.path.insert(0, str(REPO / "tests"))
     spec = importlib.util.spec_from_file_location(name, REPO / "tests" / f"{name}.py")
+    if spec is None or spec.loader is None:
+        raise UsageError(f"distlab bench class cannot load tests/{name}.py from {REPO}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -41,7 +41,7 @@ from harness.console import console
 from harness.files import read_json, write_json
 from harness.grading.judge import judge
 from harness.grading.plan import GradePlan
-from harness.grading.slurm import check_submit_host
+from harness.run.slurm_array import check_submit_host
 from harness.usage import UsageError
 from harness.verdict import profiles
 from harness.verdict.pairing import reference_rates
@@ -112,7 +112,8 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
     samples = [s for runs in done.values() for s in runs]
     account = stored.get("sandbox") or {}
     outcome = outputs.Outcome(student.id, "graded", "", the_rubric.score(verdicts), verdicts, account,
-                              lessons.crash_lessons(_logs([_rebased(s.run_dir, job) for s in samples])),
+                              lessons.crash_lessons(_logs([_rebased(s.run_dir, job) for s in samples
+                                                               if s.status != "ok"])),
                               sandboxed=account.get("sandboxed", sandboxed), key=student.key,
                               mode=account.get("mode", ""))
     started = [s for s in samples if s.observed or ((s.record or {}).get("provenance") or {}).get("written_by")
@@ -201,8 +202,7 @@ class Classroom:
 
 def open_class(request: ClassRequest) -> Classroom:
     """The class the request names, every refusal (one line each) before anything is written."""
-    if request.slurm:
-        check_submit_host(request.sbatch_args)
+    check_submit_host(request.slurm, request.sbatch_args)
     if not request.submissions.is_dir():
         raise UsageError(f"submissions folder {request.submissions} does not exist "
                          "(one folder or .py file per student)")

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import os
-import pwd
 import shlex
 import signal
 import subprocess
@@ -38,9 +36,8 @@ from harness.classgrade.sandbox.cgroups import Cgroup, job_cgroup_name
 from harness.console import console
 from harness.files import write_json
 from harness.grading.plan import GradePlan
-from harness.grading.slurm import task_state
+from harness.run import slurm_array
 from harness.run.run_dir import new_run_dir
-from harness.usage import UsageError
 
 JOBS_FILE = "jobs.txt"
 SCRIPT_FILE = "class-array.sbatch"
@@ -59,32 +56,20 @@ def start_job(pool: Pool, slot: int, job: dict[str, Any]) -> None:
 
 
 def array_name(folder: Path) -> str:
-    """The array's job name, unique to its folder: what a stop cancels it by."""
-    return "distlab-class-" + hashlib.sha256(str(folder).encode()).hexdigest()[:12]
+    """The class's array by its folder: what a stopped grade-class cancels."""
+    return slurm_array.array_name("class", folder)
 
 
 def array_script(folder: Path, tasks: int, at_once: int, cpus: int, gpus: int, time_limit_s: float,
                  sbatch_args: list[str]) -> str:
     """The job array: task i grades the job on line i of the jobs file, on one node, with a CPU per rank
     and thread (a GPU per rank on a GPU profile), at most `at_once` tasks at a time."""
-    minutes = max(1, int(time_limit_s // 60) + 1)
-    gres = f"#SBATCH --gres=gpu:{gpus}\n" if gpus else ""
-    extra = "".join(f"#SBATCH {shlex.quote(arg)}\n" for arg in sbatch_args)
-    where = shlex.quote(str(folder))
+    head = slurm_array.header(array_name(folder), folder, TASK, tasks, cpus=cpus, time_limit_s=time_limit_s,
+                              sbatch_args=sbatch_args, at_once=at_once, gpus=gpus)
     return f"""#!/usr/bin/env bash
 # distlab grade-class on Slurm: one array task per submission, each graded on its node as on one host,
 # in its sandbox (written by distlab grade-class --slurm; task i grades line i of {JOBS_FILE}).
-#SBATCH --job-name={array_name(folder)}
-#SBATCH --array=0-{tasks - 1}%{at_once}
-#SBATCH --nodes=1
-#SBATCH --ntasks=1
-#SBATCH --cpus-per-task={cpus}
-{gres}#SBATCH --time={minutes}
-#SBATCH --output={where}/{TASK}-%a.out
-{extra}set -euo pipefail
-# The task's own job id, for sacct: a completion log (jobcomp, no slurmdbd) knows tasks only by it.
-echo "$SLURM_JOB_ID" > {where}/{TASK}-"$SLURM_ARRAY_TASK_ID".jobid
-cd {shlex.quote(str(REPO))}  # where the pool starts a job: python -m harness.classgrade.job
+{head}cd {shlex.quote(str(REPO))}  # where the pool starts a job: python -m harness.classgrade.job
 exec {shlex.quote(sys.executable)} -m harness.classgrade.cluster {shlex.quote(str(folder / JOBS_FILE))} \\
   "$SLURM_ARRAY_TASK_ID"
 """
@@ -103,33 +88,12 @@ def run_array(class_dir: Path, job_paths: list[Path], grade_plan: GradePlan, at_
                           gpus=ranks if grade_plan.profile.on_gpus else 0,
                           time_limit_s=job_deadline_s(grade_plan) + STOP_GRACE_S, sbatch_args=sbatch_args)
     (folder / SCRIPT_FILE).write_text(script)
-    sbatch = subprocess.Popen(["sbatch", "--parsable", "--wait", str(folder / SCRIPT_FILE)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    try:
-        out, err = sbatch.communicate()
-    except KeyboardInterrupt:
-        cancel(folder)
-        sbatch.kill()
-        sbatch.wait()
-        raise
-    job_id = out.strip().split(";")[0]
-    if not job_id:
-        raise UsageError(f"sbatch refused the class's array job: {err.strip() or sbatch.returncode} "
-                         f"(the array: {folder / SCRIPT_FILE})")
-    (folder / "array.jobid").write_text(f"{job_id}\n")
-    console.print(f"Slurm job array {job_id}: {len(job_paths)} task(s) ended (sbatch exit {sbatch.returncode})",
+    job_id, sbatch_exit = slurm_array.submit(folder / SCRIPT_FILE, array_name(folder))
+    console.print(f"Slurm job array {job_id}: {len(job_paths)} task(s) ended (sbatch exit {sbatch_exit})",
                   markup=False)
-    states = {index: task_state(folder, job_id, index, task=TASK) for index in range(len(job_paths))}
+    states = {index: slurm_array.task_state(folder, job_id, index, TASK) for index in range(len(job_paths))}
     write_json(folder / "sacct.json", states)
     return [_ended(folder, job_id, index, path, states[index]) for index, path in enumerate(job_paths)]
-
-
-def cancel(folder: Path) -> None:
-    """Every task of the array, cancelled by its name: sbatch --wait, its output a pipe, may not have
-    shown the job's id before it exits."""
-    subprocess.run(["scancel", f"--name={array_name(folder)}", f"--user={pwd.getpwuid(os.getuid()).pw_name}"],
-                   capture_output=True, timeout=60)
-    console.print(f"cancelled the class's Slurm job array ({array_name(folder)})", markup=False)
 
 
 def _ended(folder: Path, job_id: str, index: int, job_path: Path, row: dict[str, str]) -> Ended:

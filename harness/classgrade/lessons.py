@@ -119,9 +119,10 @@ CLAIM = Lesson("The record claimed what the harness did not observe.", "Report w
                "the harness checks the record against what it saw.",
                f"{CONTRACT}#5-what-the-harness-observes-the-record-is-a-claim")
 
-# Crash messages that name a pitfall: (pattern in the program's output, lesson key, what it says).
+# Crash messages that name a pitfall: (pattern in the error a failed run ended with, lesson key, what
+# it says). The error's own words only: torch's warnings name find_unused_parameters in runs that pass.
 CRASHES = (
-    (re.compile(r"Expected to have finished reduction in the prior iteration|find_unused_parameters"),
+    (re.compile(r"\w(?:Error|Exception): Expected to have finished reduction in the prior iteration"),
      "unused_parameters", "DDP stopped: 'Expected to have finished reduction in the prior iteration' "
                           "(parameters unused in a step)"),
 )
@@ -138,7 +139,8 @@ def lesson_for(check: str) -> Lesson | None:
 
 
 def crash_lessons(texts: list[str]) -> list[tuple[str, str]]:
-    """(lesson key, what was seen) for each known crash message in a run's output."""
+    """(lesson key, what was seen) for each known crash message in the output of failed runs (the
+    caller passes only theirs): matched in an exception's line, never in a warning."""
     return [(key, seen) for pattern, key, seen in CRASHES if any(pattern.search(text) for text in texts)]
 
 

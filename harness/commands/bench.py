@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     benches = parser.add_subparsers(dest="bench", required=True, parser_class=type(parser))
     for name, (module_name, line) in BENCHES.items():
         module = importlib.import_module(module_name)
-        bench = benches.add_parser(name, help=line, description=module.__doc__.splitlines()[0],
+        bench = benches.add_parser(name, help=line, description=(module.__doc__ or line).splitlines()[0],
                                    formatter_class=parser.formatter_class)
         module.add_arguments(bench)
         bench.set_defaults(bench_run=module.run)

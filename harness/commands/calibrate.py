@@ -110,8 +110,8 @@ def derive_lab(template: dict[str, Any], exp_metric: str, cells: dict[int, list[
         if 1 in means and means[1]:
             efficiency = {ws: scaling_efficiency(means[ws], ws, means[1]) for ws in means if ws != 1}
             if template.get("reference"):  # over the loop's own scaling, where it ran at both sizes
-                efficiency = {ws: e / scaling_efficiency(loops[ws], ws, loops[1]) for ws, e in efficiency.items()
-                              if loops.get(ws) and loops.get(1)}
+                efficiency = {ws: e / scaling_efficiency(loop, ws, alone) for ws, e in efficiency.items()
+                              if (loop := loops.get(ws)) and (alone := loops.get(1))}
             table["efficiency_min"] = {str(ws): round(EFFICIENCY_FLOOR * e, 3) for ws, e in efficiency.items()}
     accuracy = {ws: [v for s in samples if (v := sample_metric(s, ACCURACY)) is not None]
                 for ws, samples in cells.items()}

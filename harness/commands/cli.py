@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
               "(or `distlab doctor` to see what this host has)", file=sys.stderr)
         return 2
     finally:
-        console.file = None  # back to following sys.stdout, whatever it is then
+        console.file = None  # type: ignore[assignment]  # rich: None follows sys.stdout, whatever it is then
 
 
 if __name__ == "__main__":

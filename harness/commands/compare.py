@@ -270,6 +270,7 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
                 progress.ended("FAILED")
                 failure = f"{tool.name} at world size {request.world_size}: {result.reason} (see {result.run_dir})"
                 break
+            assert result.record is not None  # an ok run has its record, the harness's if not the lab's
             step_ms = result.record["metrics"]["step_seconds"] * 1e3
             progress.ended(f"{step_ms:.1f} ms/step in {result.wall_seconds:.0f} s")
             runs.append({"tool": tool.name, "run": str(result.run_dir.relative_to(study)),

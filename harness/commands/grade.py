@@ -21,6 +21,7 @@ from harness.grading.execute import execute
 from harness.grading.judge import Grade, run_grade
 from harness.grading.plan import GradePlan
 from harness.report import pages
+from harness.run import slurm_array
 from harness.run.launch import dry_run
 from harness.run.run_dir import new_run_dir
 from harness.verdict.verdicts import unjudged
@@ -50,9 +51,10 @@ def show_plan(grade_plan: GradePlan) -> None:
              f"{profile.description}", f"{len(grade_plan.cells())} cell(s) x {grade_plan.repeats} repeat(s)"]
     for lab, ws in grade_plan.cells():
         reference = grade_plan.reference(lab, ws)
-        if reference:
+        reference_request = grade_plan.reference_request(lab, ws)
+        if reference and reference_request:
             when = "before each run and after the last" if grade_plan.bracketed(lab) else "before each run"
-            command = dry_run(grade_plan.reference_request(lab, ws))
+            command = dry_run(reference_request)
             lines.append(f"{reference.name} for {lab} ws={ws}, {when}: {command}")
         lines.append(f"{lab} ws={ws} x {grade_plan.runs(lab)}: {dry_run(grade_plan.request(lab, ws))}")
     sys.stdout.write("\n".join(lines) + "\n")
@@ -86,8 +88,7 @@ def report(grade: Grade, as_json: bool = False) -> int:
 
 def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     """`distlab grade`: plan, execute, judge, report."""
-    if args.slurm:
-        slurm.check_submit_host(args.sbatch_arg or [])
+    slurm_array.check_submit_host(args.slurm, args.sbatch_arg or [])
     grade_plan = grade_options.plan_from(args, args.profile)
     if args.slurm:
         array = slurm.prepare(grade_plan, list(args.sbatch_arg or []))

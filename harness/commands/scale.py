@@ -137,7 +137,7 @@ def scaling_rows(metrics_by_size: dict[int, list[dict[str, Any]]]) -> tuple[list
                "img_per_sec_per_rank": interval_dict(mean_ci(per_rank), per_rank)}
         for name in MEAN_METRICS:
             values = [m.get(name) for m in runs]
-            row[name] = None if None in values else statistics.fmean(values)
+            row[name] = statistics.fmean(float(v) for v in values if v is not None) if None not in values else None
         rows.append(row)
     base = rows[0]
     for row in rows:
@@ -242,6 +242,7 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
                 progress.ended("FAILED")
                 failure = f"world size {ws}, repeat {repeat + 1}: {result.reason} (see {result.run_dir})"
                 break  # a later run would most likely fail the same way; the notes below say why
+            assert result.record is not None  # an ok run has its record, the harness's if not the lab's
             metrics = result.record["metrics"]
             records[ws].append(metrics)
             progress.ended(f"{metrics['img_per_sec']:.1f} img/s ({metrics['img_per_sec_per_rank']:.1f}/rank) "

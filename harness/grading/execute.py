@@ -49,17 +49,17 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
 
         for lab, ws in cells:
             reference = grade_plan.reference(lab, ws)
-            reference_request = grade_plan.reference_request(lab, ws)
+            reference_request = grade_plan.reference_request(lab, ws)  # None exactly where reference is
             request = grade_plan.request(lab, ws)
             runs = grade_plan.runs(lab)
             for repeat in range(1, runs + 1):
-                if reference:
+                if reference and reference_request:
                     references.setdefault((lab, ws), []).append(
                         one_run(f"{reference.name} for {lab} ws={ws} run {repeat}", reference_request,
                                 metric_name=reference.metric))
                 done.setdefault((lab, ws), []).append(
                     one_run(f"{lab} ws={ws} run {repeat}/{runs}", request, grade_plan.profile.labs[lab]))
-            if reference and grade_plan.bracketed(lab):
+            if reference and reference_request and grade_plan.bracketed(lab):
                 references[lab, ws].append(one_run(f"{reference.name} for {lab} ws={ws} after run {runs}",
                                                    reference_request, metric_name=reference.metric))
 

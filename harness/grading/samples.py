@@ -62,7 +62,9 @@ def timed(result: RunResult, metric_name: str) -> Sample:
     sample = sample_of(result)
     observe_dir = result.run_dir / OBSERVE_DIR
     if metric_name == "img_per_sec" and observe_dir.is_dir() and not tampers_with_the_grader(sample.untrusted):
-        sample.measured[metric_name] = rate = observations.throughput(observations.load(observe_dir))
+        seen = observations.load(observe_dir)
+        sample.measured[metric_name] = rate = observations.throughput(seen)
+        sample.start_up = observations.start_up(seen, sample.wall_seconds)
         if rate is None:
             sample.measure_errors[metric_name] = (
                 f"no rank was seen training past its first {observations.WARMUP_STEPS} optimizer steps (the warm-up, "
@@ -107,7 +109,9 @@ def observed_sample(result: RunResult, exp: LabExpectation, request: RunRequest,
     checks = data_parallel.checks(seen, request.backend, request.world_size,
                                   train_set_size=measurement.get("train_size"),
                                   checkpoints=measurement.get("checkpoints"))
-    tolerance = accuracy_claim_tolerance(measurement.get("total"), measurement.get("precision"))
+    # In the precision the program evaluated in, as observed: its own bf16 autocast too, whatever the flag.
+    tolerance = accuracy_claim_tolerance(measurement.get("total"),
+                                         observations.evaluated_precision(seen, measurement.get("precision")))
     checks += data_parallel.compare_claims(result.record, checks, measurement.get("accuracy"), tolerance,
                                            measured_img_per_sec=sample.measured.get("img_per_sec"),
                                            own_models=own_model_claims(measurement.get("own_models")))

@@ -20,51 +20,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shlex
 import signal
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from shutil import which
 from typing import Any
 
 from harness.console import console
 from harness.files import write_json
 from harness.grading.execute import execute
 from harness.grading.plan import Cell, GradePlan, plan_grade
+from harness.run import slurm_array
 from harness.run.run_dir import new_run_dir
-from harness.usage import UsageError
 from harness.verdict import profiles
 from harness.verdict.verdicts import Sample
 from labs.common.host import fingerprint
 
 SPEC_FILE = "grade-slurm.json"
 SCRIPT_FILE = "grade-array.sbatch"
-SACCT_FIELDS = ("JobID", "State", "ExitCode", "NodeList", "Elapsed")
-
-
-def sacct(job_id: str, env: dict[str, str] | None = None) -> list[dict[str, str]]:
-    """The job's accounting rows (its steps and array tasks too): from slurmdbd where a cluster
-    has one, else from the job completion log (jobcomp/filetxt, `sacct -c`)."""
-    rows = []
-    for completion in ([], ["-c"]):
-        done = subprocess.run(["sacct", *completion, "-j", job_id, "-n", "-P", "-o", ",".join(SACCT_FIELDS)],
-                              capture_output=True, text=True, env=env, timeout=60)
-        if done.returncode == 0 and done.stdout.strip():
-            rows = [dict(zip(SACCT_FIELDS, line.split("|"), strict=False)) for line in done.stdout.splitlines()]
-            break
-    return rows
-
-
-def check_submit_host(sbatch_args: list[str]) -> None:
-    """UsageError unless this host can submit and account an array: before anything is planned or written."""
-    if not all(map(which, ("sbatch", "sacct"))):
-        raise UsageError("--slurm needs Slurm's sbatch and sacct on PATH (run it on a login node of the cluster)")
-    for arg in sbatch_args:
-        if not arg.startswith("-") or any(c in arg for c in "\n\r\0"):
-            raise UsageError(f"--sbatch-arg {arg!r} is not one sbatch option; give it as --sbatch-arg=--partition=cpu")
+TASK = "cell"  # the array's files: cell-<i>.out, cell-<i>.jobid, cell-<i>.json (its samples)
 
 
 def spec_of(grade_plan: GradePlan, folder: Path) -> dict[str, Any]:
@@ -79,26 +54,22 @@ def spec_of(grade_plan: GradePlan, folder: Path) -> dict[str, Any]:
 def array_script(spec: dict[str, Any], threads: int, time_limit_s: float, sbatch_args: list[str]) -> str:
     """The job array: task i runs cell i on one node, with a CPU per rank and thread."""
     cells = spec["cells"]
-    cpus = max(ws for _, ws in cells) * threads
-    minutes = max(1, int(time_limit_s // 60) + 1)
-    extra = "".join(f"#SBATCH {shlex.quote(arg)}\n" for arg in sbatch_args)
+    folder = Path(spec["folder"])
     table = "\n".join(f"#   task {i}: {lab} at world size {ws}" for i, (lab, ws) in enumerate(cells))
+    head = slurm_array.header(array_name(folder), folder, TASK, len(cells),
+                              cpus=max(ws for _, ws in cells) * threads, time_limit_s=time_limit_s,
+                              sbatch_args=sbatch_args)
     return f"""#!/usr/bin/env bash
 # distlab grade on Slurm: one array task per cell, each on one node (written by distlab grade --slurm).
 {table}
-#SBATCH --job-name=distlab-grade
-#SBATCH --array=0-{len(cells) - 1}
-#SBATCH --nodes=1
-#SBATCH --ntasks=1
-#SBATCH --cpus-per-task={cpus}
-#SBATCH --time={minutes}
-#SBATCH --output={shlex.quote(spec["folder"])}/cell-%a.out
-{extra}set -euo pipefail
-# The task's own job id, for sacct: a completion log (jobcomp, no slurmdbd) knows tasks only by it.
-echo "$SLURM_JOB_ID" > {shlex.quote(spec["folder"])}/cell-"$SLURM_ARRAY_TASK_ID".jobid
-exec {shlex.quote(sys.executable)} -m harness.grading.slurm cell {shlex.quote(spec["folder"] + "/" + SPEC_FILE)} \\
-  "$SLURM_ARRAY_TASK_ID"
+{head}exec {shlex.quote(sys.executable)} -m harness.grading.slurm cell \\
+  {shlex.quote(spec["folder"] + "/" + SPEC_FILE)} "$SLURM_ARRAY_TASK_ID"
 """
+
+
+def array_name(folder: Path) -> str:
+    """The grade's array by its folder: what a stopped grade cancels."""
+    return slurm_array.array_name("grade", folder)
 
 
 def _cell_time_s(grade_plan: GradePlan, lab: str, ws: int) -> float:
@@ -138,18 +109,15 @@ def prepare(grade_plan: GradePlan, sbatch_args: list[str]) -> Array:
 
 def submit(folder: Path, grade_plan: GradePlan, done: dict[Cell, list[Sample]],
            references: dict[Cell, list[Sample]]) -> None:
-    """sbatch --wait the array, then every task's samples into `done` and `references`. A task that
+    """sbatch --wait the array (cancelled if the grade is stopped meanwhile), then every task's samples
+    into `done` and `references`. A task that
     left none (killed, out of time, failed to start) counts each of its runs as failed, with the
     task's Slurm state as the reason."""
     cells = [tuple(cell) for cell in json.loads((folder / SPEC_FILE).read_text())["cells"]]
-    done_ = subprocess.run(["sbatch", "--parsable", "--wait", f"--chdir={os.getcwd()}", str(folder / SCRIPT_FILE)],
-                           capture_output=True, text=True)
-    job_id = done_.stdout.strip().split(";")[0]
-    if not job_id:
-        raise UsageError(f"sbatch refused the grade's array job: {done_.stderr.strip() or done_.returncode}")
-    console.print(f"Slurm job array {job_id}: {len(cells)} task(s) ended (sbatch exit {done_.returncode})",
+    job_id, sbatch_exit = slurm_array.submit(folder / SCRIPT_FILE, array_name(folder), chdir=Path.cwd())
+    console.print(f"Slurm job array {job_id}: {len(cells)} task(s) ended (sbatch exit {sbatch_exit})",
                   markup=False)
-    states = {index: task_state(folder, job_id, index) for index in range(len(cells))}
+    states = {index: slurm_array.task_state(folder, job_id, index, TASK) for index in range(len(cells))}
     write_json(folder / "sacct.json", states)
     for index, (lab, ws) in enumerate(cells):
         path = folder / f"cell-{index}.json"
@@ -165,18 +133,6 @@ def submit(folder: Path, grade_plan: GradePlan, done: dict[Cell, list[Sample]],
                   f"(exit {row.get('ExitCode', '?')}) and returned no runs; see {folder}/cell-{index}.out")
         done.setdefault((lab, ws), []).extend(Sample(str(folder), "failed", reason, 0.0, None)
                                               for _ in range(grade_plan.runs(lab)))
-
-
-def task_state(folder: Path, job_id: str, index: int, task: str = "cell") -> dict[str, str]:
-    """Array task `index`'s row in sacct: as JOB_INDEX where slurmdbd keeps accounting, else by the
-    task's own job id (what the task wrote first, as `<task>-<index>.jobid`); {} where neither is known."""
-    jobid_file = folder / f"{task}-{index}.jobid"
-    own = jobid_file.read_text().strip() if jobid_file.exists() else ""
-    for wanted in filter(None, (f"{job_id}_{index}", own)):
-        for row in sacct(wanted):
-            if row.get("JobID") == wanted:
-                return row
-    return {}
 
 
 def run_cell(spec_path: Path, index: int) -> int:

@@ -9,7 +9,12 @@ The rules, per check:
 
 - process_group: every rank of the expected world size left observations, initialised a process
   group (torch.distributed, or Horovod's hvd.init) whose backend and world size are the expected
-  ones, and reported its own rank. Backend "none" expects one process and no group.
+  ones, and reported its own rank. Backend "none" expects one process and no group. The backend is
+  the one torch uses: a group made without naming one (init_process_group(), as Accelerate does) is
+  "undefined" to get_backend() and the expected one where its backend config (get_backend_config(),
+  "cpu:gloo") names it. At world size 1 a group is optional (labs/README.md, section 2): one process
+  that made none passes. A launched rank that spawned processes itself (mp.spawn under torchrun)
+  fails it, named as the cause of what follows from it (ports taken, ranks missing).
 - Training epochs: a rank's passes over a data loader during which its optimizer stepped, in
   order; passes without a step (evaluation) are not training. Epoch e is every rank's e-th.
 - shards_disjoint: in every training epoch no sample index was fetched twice, by two ranks or by
@@ -34,7 +39,10 @@ The rules, per check:
   (labs/common/replicas.average_buffers) holds a different model on every rank, and fails. One
   that evaluates and saves on rank 0 alone (the PyTorch DDP tutorial) outputs one model: rank 0's.
   Which parts differ are the check's `causes` ("parameters", "buffers"): a claim is contradicted
-  only by the part it is about (CLAIMS).
+  only by the part it is about (CLAIMS). Where the parameters differ, the detail names what the
+  observer can tell of why (`parameters_apart_because`): ranks that started from different weights
+  (their digests at the first optimizer step), no DistributedDataParallel seen, every step taken
+  inside no_sync.
 - buffers_identical: every rank's final buffers are bitwise equal. Where they differ and nothing
   depended on them (above), it is a lesson (Check.lesson): the course's BatchNorm lesson, with its
   fix, costing nothing unless a rubric says so (harness/classgrade/rubric.py, lessons_cost). Where
@@ -205,23 +213,49 @@ def check_process_group(observations: Observations, backend: str, world_size: in
             return Check(name, False, f"expected one process and no process group; harness observed {len(seen)} "
                                       f"process(es) and {len(groups)} group(s)")
         return Check(name, True, "one process, no process group, as expected")
-    problems = []
+    problems = [_spawned(note) for note in observations.spawned]
     if missing:
         problems.append(f"rank {_join(missing)} left no observations (crashed or killed before exit?)")
     extra = sorted(r for r in seen if r >= world_size)
     if extra:
         problems.append(f"rank {_join(extra)} is outside world size {world_size}")
+    if world_size == 1 and not problems and list(seen) == [0] and not seen[0].process_groups:
+        return Check(name, True, "one process and no process group: optional at world size 1 (labs/README.md, "
+                                 "section 2)")
     for rank, observed in sorted(seen.items()):
         if not observed.process_groups:
             problems.append(f"rank {rank} never initialised a process group")
             continue
         group = observed.process_groups[-1]
-        if group["backend"] != backend or group["world_size"] != world_size:
-            problems.append(f"rank {rank} initialised backend {group['backend']} at world size {group['world_size']}")
+        if not _backend_is(group, backend) or group["world_size"] != world_size:
+            config = f" (backend config {group['backend_config']})" if group.get("backend_config") else ""
+            problems.append(f"rank {rank} initialised backend {group['backend']}{config} at world size "
+                            f"{group['world_size']}")
     if problems:
         return Check(name, False, f"expected backend {backend} at world size {world_size}; harness observed: "
                                   + "; ".join(problems))
     return Check(name, True, f"all {world_size} ranks initialised backend {backend} at world size {world_size}")
+
+
+def _backend_is(group: dict[str, Any], backend: str) -> bool:
+    """The group uses `backend`: as get_backend() said, or per device type in its backend config."""
+    if group["backend"] == backend:
+        return True
+    config = group.get("backend_config")
+    return isinstance(config, str) and backend in {part.rpartition(":")[2] for part in config.split(",")}
+
+
+def _spawned(note: dict[str, Any]) -> str:
+    """A launched rank that spawned processes itself, and the fix (the note is the program's side: read with care)."""
+    launcher = str(note.get("launcher", "its launcher"))[:40]
+    rank = note.get("rank")
+    nprocs = note.get("nprocs")
+    who = f"rank {rank}" if isinstance(rank, int) else "a rank"
+    how = f"(nprocs={nprocs})" if isinstance(nprocs, int) else ""
+    return (f"{who}, started by {launcher}, spawned processes itself (mp.spawn{how}): every launched rank starts a "
+            f"whole world of its own, on the same port and the same ranks (address in use, ranks missing, shards "
+            f"short follow from it); read RANK, WORLD_SIZE and LOCAL_RANK from the environment {launcher} set and "
+            f"do not spawn (labs/README.md, section 2: a lab never spawns its own ranks)")
 
 
 def _epochs(ranks: list[RankObservation]) -> tuple[int, str]:
@@ -312,8 +346,9 @@ def check_replicas(ranks: list[RankObservation]) -> list[Check]:
         for r in ranks:
             groups.setdefault(r.model["params_sha256"], []).append(r.rank)
         split = "; ".join(f"rank {_join(rs)}: {digest[:12]}" for digest, rs in groups.items())
+        because = parameters_apart_because(ranks)
         return [Check(name, False, f"harness observed {len(params)} distinct digests of the final parameters "
-                                   f"over {len(ranks)} ranks ({split})",
+                                   f"over {len(ranks)} ranks ({split})" + (f": {because}" if because else ""),
                       causes=("parameters", "buffers") if differing else ("parameters",)),
                 Check("buffers_identical", False, "the buffers differ too, as the models do: they follow from the "
                                                   "parameters (observed:replicas_identical), no lesson of their own",
@@ -344,6 +379,29 @@ def check_replicas(ranks: list[RankObservation]) -> list[Check]:
     return [Check(name, True, f"final parameters bitwise equal on all {len(ranks)} ranks ({next(iter(params))[:12]}); "
                               f"{apart}, but {unused} (observed:buffers_identical)", causes=("buffers",)),
             Check("buffers_identical", False, f"{apart}; {unused}{lesson}", causes=("buffers",), lesson=True)]
+
+
+def parameters_apart_because(ranks: list[RankObservation]) -> str:
+    """What the observer can tell of why the ranks' parameters ended apart, with the fix ("" where
+    it can tell nothing: an older observation, or none of these)."""
+    first = {r.rank: r.libraries.get("first_step_params_sha256") for r in ranks}
+    if all(first.values()) and len(set(first.values())) > 1:
+        return ("the ranks started from different weights (their parameters differed at the first optimizer step): "
+                "build the model from the same seed on every rank, or broadcast rank 0's before training (DDP does "
+                "when it wraps the model)")
+    torch_ranks = [r for r in ranks if r.libraries and r.process_groups
+                   and r.process_groups[-1].get("api") == "torch.distributed"]
+    unwrapped = [r.rank for r in torch_ranks if not r.libraries.get("ddp_wraps")]
+    if unwrapped:
+        return (f"no DistributedDataParallel wrap was seen on rank {_join(unwrapped, ' and ')}: nothing averaged the "
+                "gradients; wrap the model in DDP before training (or all-reduce the gradients before each step)")
+    no_sync = [r.rank for r in torch_ranks
+               if r.optimizer_steps and r.libraries.get("steps_in_no_sync") == r.optimizer_steps]
+    if no_sync:
+        return (f"every optimizer step on rank {_join(no_sync, ' and ')} was taken inside DDP's no_sync(): DDP never "
+                "all-reduced a gradient; under no_sync only accumulate, and run the last micro-batch's backward and "
+                "the step outside it")
+    return ""
 
 
 def _uses(rank: RankObservation) -> list[str]:

@@ -23,11 +23,12 @@ record claiming much more is a contradicted claim (compare_claims).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 from harness import files, schema_check
-from harness.on_ranks.observer.distlab_observer.fileformat import ERRORS_FILES, RANK_FILES, WEIGHTS_FILE
+from harness.on_ranks.observer.distlab_observer.fileformat import ERRORS_FILES, RANK_FILES, SPAWN_FILES, WEIGHTS_FILE
 from harness.on_ranks.observer.distlab_observer.fileformat import SCHEMA as OBSERVATIONS_SCHEMA
 
 WARMUP_STEPS = 3  # the first optimizer steps of a run, left out of its throughput (start-up)
@@ -48,6 +49,10 @@ class LoaderPass:
     step_times: list[float] = field(default_factory=list)  # when each optimizer step of the pass ended
     step_images: list[int] = field(default_factory=list)  # images the pass had handed out by each step
     steps_before: int | None = None  # optimizer steps the rank had taken when the pass began (None: version 1)
+    # The trained model's forwards during the pass and the autocast dtypes they ran under (version 3,
+    # where the observer counted them: distlab_observer/libraries.py); None: not known.
+    forwards: int | None = None
+    autocast: tuple[str, ...] = ()
 
 
 @dataclass
@@ -61,6 +66,7 @@ class RankObservation:
     errors: list[str]
     stopped: dict[str, Any] | None = None  # a resume cell's stop of this attempt (observer.py)
     loads: list[dict[str, Any]] = field(default_factory=list)  # every torch.load of a file (version 2)
+    libraries: dict[str, Any] = field(default_factory=dict)  # what it saw of the libraries (version 3)
 
     @property
     def training_epochs(self) -> list[LoaderPass]:
@@ -68,15 +74,38 @@ class RankObservation:
 
     @property
     def evaluations_after_training(self) -> list[LoaderPass]:
-        """Passes without an optimizer step that came after the rank's first training pass: what it
-        evaluated (a test set, or anything it counted) with the model training had made."""
-        first = next((i for i, p in enumerate(self.passes) if p.steps > 0), len(self.passes))
-        return [p for p in self.passes[first + 1:] if p.steps == 0]
+        """Passes without an optimizer step in which the rank evaluated the model training had made.
+
+        Where the observer counted the trained model's forwards, those that ran it after the rank's
+        first training pass; else those after its last training pass. A pass that ran no forward
+        evaluated nothing: the DDP tutorial takes one batch from its training loader at the top of
+        each epoch to print its size (`len(next(iter(train_data))[0])`), a pass of one batch and no
+        step between two training passes."""
+        training = [i for i, p in enumerate(self.passes) if p.steps > 0]
+        if not training:
+            return []
+        if self.forwards_counted:
+            return [p for p in self.passes[training[0] + 1:] if p.steps == 0 and p.forwards]
+        return [p for p in self.passes[training[-1] + 1:] if p.steps == 0]
+
+    @property
+    def forwards_counted(self) -> bool:
+        """Whether the observer counted the model's forwards here: it did (version 3, no torch.compile
+        first) and saw them in a training pass (a hook a compiled graph skipped sees none at all)."""
+        return bool(self.libraries.get("forwards_counted")) and any(p.forwards for p in self.training_epochs)
+
+    @property
+    def evaluated_precision(self) -> str | None:
+        """The lowest precision its model was seen evaluating in after training ("bf16", "fp16";
+        None: full precision, or not known), from the autocast dtype its forwards ran under."""
+        dtypes = {dtype for p in self.evaluations_after_training for dtype in p.autocast}
+        return next((short for dtype, short in (("float16", "fp16"), ("bfloat16", "bf16")) if dtype in dtypes), None)
 
     @property
     def saves_after_training(self) -> list[dict[str, Any]]:
-        """Its torch.saves once it had taken an optimizer step (every save, in a version-1 file)."""
-        return [save for save in self.saves if save.get("steps", 1) > 0]
+        """Its saves of the model once it had taken an optimizer step (every save, in a version-1 file;
+        a save the observer saw hold no model state, such as Accelerate's RNG states per rank, left out)."""
+        return [save for save in self.saves if save.get("steps", 1) > 0 and save.get("model_state", True)]
 
 
 @dataclass
@@ -84,6 +113,8 @@ class Observations:
     directory: Path
     ranks: dict[int, RankObservation] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)  # unreadable files, the observer's own errors
+    # Launched ranks that spawned processes themselves (distlab_observer/libraries.py, SPAWN_FILE).
+    spawned: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def weights(self) -> Path:
@@ -113,14 +144,25 @@ def load(observe_dir: Path | str) -> Observations:
         try:
             data = read_rank_file(path)
             rank = int(data["rank"])
+            seen = (data.get("libraries") or {}).get("passes") or {}
             observations.ranks[rank] = RankObservation(
                 rank=rank, process_groups=data["process_groups"], optimizer_steps=int(data["optimizer_steps"]),
                 passes=[LoaderPass(p["loader"], p["dataset_len"], p["sampler"], p["batches"], p["steps"],
                                    p["batch_sizes"], p["indices"], p.get("started"), p.get("step_times", []),
-                                   p.get("step_images", []), p.get("steps_before")) for p in data["loader_passes"]],
+                                   p.get("step_images", []), p.get("steps_before"),
+                                   (seen.get(str(i)) or {}).get("forwards", 0 if data.get("libraries") else None),
+                                   tuple((seen.get(str(i)) or {}).get("autocast", ())))
+                        for i, p in enumerate(data["loader_passes"])],
                 saves=data["saves"], model=data["model"], errors=data["errors"], stopped=data.get("stopped"),
-                loads=data.get("loads", []))
+                loads=data.get("loads", []), libraries=data.get("libraries") or {})
         except (OSError, ValueError, KeyError, TypeError) as error:
+            observations.problems.append(f"{path.name} unreadable ({type(error).__name__}: {error})")
+    for path in sorted(directory.glob(SPAWN_FILES)):
+        try:
+            note = json.loads(files.read_regular_file(path, ERRORS_FILE_LIMIT))
+            if isinstance(note, dict):
+                observations.spawned.append(note)
+        except (OSError, ValueError) as error:
             observations.problems.append(f"{path.name} unreadable ({type(error).__name__}: {error})")
     for path in sorted(directory.glob(ERRORS_FILES)):
         first = files.read_text(path, ERRORS_FILE_LIMIT).splitlines()[:1]
@@ -136,6 +178,7 @@ def merge(observe_dirs: list[Path]) -> Observations:
     for directory in observe_dirs:
         part = load(directory)
         merged.problems += [f"{directory}: {problem}" for problem in part.problems]
+        merged.spawned += part.spawned
         for rank, observation in part.ranks.items():
             if rank in merged.ranks:
                 merged.problems.append(f"rank {rank} observed on two nodes ({directory})")
@@ -144,6 +187,45 @@ def merge(observe_dirs: list[Path]) -> Observations:
         if (Path(directory) / WEIGHTS_FILE).exists():
             merged.directory = Path(directory)  # rank 0's node: the final weights the grader evaluates
     return merged
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")  # the labs' --precision, from more bits to fewer (the claim's tolerance grows)
+
+
+def evaluated_precision(observations: Observations, flag: str | None) -> str | None:
+    """The precision a claim of accuracy is held to: the lab's flag, or the lower one rank 0's model
+    was seen evaluating in after training (a program's own bf16 autocast), whichever has fewer bits."""
+    rank0 = observations.ranks.get(0)
+    seen = rank0.evaluated_precision if rank0 is not None else None
+    if seen is None or (flag in PRECISIONS and PRECISIONS.index(flag) >= PRECISIONS.index(seen)):
+        return flag
+    return seen
+
+
+START_UP_SHARE = 0.1  # of a run's wall time: start-up costing less is not worth a word beside the time budget
+
+
+def start_up(observations: Observations, wall_seconds: float) -> str:
+    """What took the run's time before training proper, where the observer can tell and it is
+    START_UP_SHARE of the wall time or more: DataLoader workers starting (libraries.py times each
+    multi-process loader iterator's start), and a cold torch.compile (the first step's time beyond a
+    typical step's, where torch.compile was called). "" where nothing such was seen."""
+    said = []
+    for rank in (observations.ranks[r] for r in sorted(observations.ranks)):
+        workers = float(rank.libraries.get("worker_start_seconds") or 0.0)
+        if workers >= START_UP_SHARE * wall_seconds:
+            said.append((workers, f"DataLoader workers took {workers:.1f} s to start on rank {rank.rank} (each "
+                                  "epoch's iterator starts them again: persistent_workers=True starts them once, "
+                                  "and fewer num_workers start sooner)"))
+        first = next((p for p in rank.training_epochs if p.started is not None and len(p.step_times) >= 3), None)
+        if rank.libraries.get("compiled") and first is not None:
+            steps = sorted(b - a for a, b in pairwise(first.step_times))
+            cold = first.step_times[0] - first.started - steps[len(steps) // 2] - \
+                (workers if first is rank.training_epochs[0] else 0.0)
+            if cold >= START_UP_SHARE * wall_seconds:
+                said.append((cold, f"torch.compile's first step took {cold:.1f} s more than a step on rank "
+                                   f"{rank.rank} (a cold compile: a persistent cache, or compiling less, shortens it)"))
+    return max(said)[1] if said else ""
 
 
 def throughput(observations: Observations, warmup_steps: int = WARMUP_STEPS) -> float | None:

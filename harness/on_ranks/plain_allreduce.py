@@ -108,7 +108,7 @@ def torch_loop(args: argparse.Namespace, sizes: list[int]) -> tuple[int, list[tu
         seconds = (time.perf_counter() - start) / args.iters
         gathered: list[float | None] = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, seconds)
-        rows.append((size, sum(gathered) / len(gathered)))
+        rows.append((size, sum(s for s in gathered if s is not None) / len(gathered)))  # every rank gave one
     world_size = dist.get_world_size()
     dist.destroy_process_group()
     return world_size, rows

@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> None:
         device = models.pick_device(args, topology.local_rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        seconds = in_memory_loop(args, device, dist.barrier if topology.world_size > 1 else (lambda: None))
+        barrier: Callable[[], object] = dist.barrier if topology.world_size > 1 else (lambda: None)
+        seconds = in_memory_loop(args, device, barrier)
         per_rank = [seconds]
         if topology.world_size > 1:
             per_rank = [0.0] * topology.world_size
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"batch {args.batch_size}, {args.stem} stem, {args.device}, {torch.get_num_threads()} threads")
 
 
-def in_memory_loop(args: argparse.Namespace, device: torch.device, together: Callable[[], None]) -> float:
+def in_memory_loop(args: argparse.Namespace, device: torch.device, together: Callable[[], object]) -> float:
     """Seconds of the timed steps (forward, backward and step on one resident batch, set up exactly as
     the labs set up theirs); together() is called just before they start, to line up the ranks."""
     model = models.build_model(args.stem).to(device)

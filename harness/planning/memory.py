@@ -186,7 +186,7 @@ def plan(params: int, gpus: int, gpu_memory: float, optimizer: str = "adam", pre
         raise PlanError("--seq-len and --batch go together: give both for an activation estimate, or neither")
     states = model_state_bytes(params, gpus, optimizer, precision, tool)
     layers, hidden = model_shape(params, layers, hidden)
-    activations = activation_bytes(seq_len, batch, layers, hidden, precision) if seq_len else None
+    activations = activation_bytes(seq_len, batch, layers, hidden, precision) if seq_len and batch else None
     usable = HEADROOM * gpu_memory
     communication = {
         "DDP": "all-reduce of the gradients (2x their size per GPU per step)",

@@ -101,7 +101,7 @@ def account(run: PreparedRun, outcome: Outcome) -> RunResult:
                        stopped_by=signal_name(outcome.stopped_by) if outcome.stopped_by is not None else None,
                        cpu=cpu_account(request, outcome))
     release_reserve(run)
-    if rewrite:
+    if rewrite and record is not None:  # rewrite: a record amended or written by the harness
         write_record(run, outcome, record)
     if record is not None:
         try:

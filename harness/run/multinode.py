@@ -42,7 +42,7 @@ def resolve(host: str, what: str, wait_s: float = 0.0) -> str:
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0]
+            return str(socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)[0][4][0])
         except socket.gaierror as error:
             if time.monotonic() >= deadline:
                 within = f" within {wait_s:g} s" if wait_s else ""

@@ -29,7 +29,7 @@ def bind_store(request: RunRequest) -> socket.socket | None:
         infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
     except (OSError, ValueError):
         return None  # not resolvable here: checked, and reported, before the run by multinode
-    if not infos or not all(is_loopback(info[4][0]) for info in infos):
+    if not infos or not all(is_loopback(str(info[4][0])) for info in infos):
         return None
     family, _, _, _, address = infos[0]
     try:
@@ -40,6 +40,7 @@ def bind_store(request: RunRequest) -> socket.socket | None:
 
 
 def serve_store(run: PreparedRun) -> subprocess.Popen[bytes]:
+    assert run.store_socket is not None, "serve_store is called only for a run that bound one"
     fd = run.store_socket.fileno()
     port = run.store_socket.getsockname()[1]
     code = ("import sys; from harness.run.rendezvous import serve_rendezvous_store as serve; "

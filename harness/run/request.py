@@ -67,10 +67,10 @@ class RunRequest:
         if not all(isinstance(arg, str) for arg in self.lab_args):
             raise RunRefused("the lab's arguments must be strings")
         refused = refused_lab_arg(self.lab_args)
-        if refused and refused[1] is None:
-            raise RunRefused(f"lab argument {refused[0]!r} holds a NUL byte, which no command line can carry")
         if refused:
             arg, owned = refused
+            if owned is None:
+                raise RunRefused(f"lab argument {arg!r} holds a NUL byte, which no command line can carry")
             raise RunRefused(f"{arg!r} after -- would override {owned}, which distlab run sets itself "
                              f"({_OWNED_WHY[owned]}); remove it from the lab's arguments")
 

@@ -61,6 +61,7 @@ def launch_and_wait(run: PreparedRun, outcome: Outcome, caught: StopSignals, ech
                                                stdin=subprocess.DEVNULL, env=run.env, start_new_session=True)
                     processes.add(process)
                     outcome.launcher_pid = process.pid
+                    assert process.stdout is not None  # stdout=PIPE
                     pump = OutputPump(process.stdout, sinks, echo, on_line)
                     pump.start()
                     wait_for_end(run, process, processes, outcome, caught, started)

@@ -18,6 +18,9 @@ def reference_rates(reference_of: Callable[[str, int], Reference | None],
     rates: dict[Cell, float | None] = {}
     for (lab, ws), samples in references.items():
         reference = reference_of(lab, ws)
+        if reference is None:  # the cell has no reference now (another profile): no rate
+            rates[lab, ws] = None
+            continue
         values = [v for s in samples if s.status == "ok" and (v := sample_metric(s, reference.metric))]
         rates[lab, ws] = statistics.fmean(values) if values else None
     return rates

@@ -55,10 +55,10 @@ class Reference:
         # it is timed like the program it stands beside (`observed`).
         args = _without_run_paths(lab_request.lab_args)
         several = lab_request.world_size > 1
-        launch = {} if self.like_lab else {"launcher": "torchrun" if several else "python",
-                                           "backend": "gloo" if several else "none"}
+        launcher = lab_request.launcher if self.like_lab else "torchrun" if several else "python"
+        backend = lab_request.backend if self.like_lab else "gloo" if several else "none"
         return dataclasses.replace(lab_request, lab=self.name, program=self.program, max_restarts=0,
-                                   lab_args=args, observe=self.observed, **launch)
+                                   lab_args=args, observe=self.observed, launcher=launcher, backend=backend)
 
 
 def course_lab(lab: Lab, metric: str) -> Reference:

@@ -65,6 +65,7 @@ class Sample:
     # path from the folder: never followed or opened (grading/samples.py, inspect_run_dir).
     untrusted: list[str] = field(default_factory=list)
     cpu: dict[str, Any] | None = None  # the run's CPUs as the harness saw them (run/accounting.py, cpu_account)
+    start_up: str = ""  # what took its time before training, as observed (observe/observations.start_up)
 
 
 def is_lesson(verdict: Verdict) -> bool:
@@ -241,9 +242,11 @@ def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
     slowest = max(s.wall_seconds for s in samples)
     crowded = speed_not_judged(samples)  # the time budget is a speed row too; a run that timed out still fails "run"
     if ok_samples or slowest > exp.time_budget_s:  # failed runs past the budget (a hang, say) fail it too
+        why = next((s.start_up for s in samples if s.wall_seconds == slowest and s.start_up), "")
         budget = Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {exp.time_budget_s:g} s",
                          slowest <= exp.time_budget_s, "slowest run's wall time" + (
-                             "" if ok_samples else f"; no run finished well ({_failures(failed)})"),
+                             "" if ok_samples else f"; no run finished well ({_failures(failed)})") + (
+                             f"; of it, {why}" if why and slowest > exp.time_budget_s else ""),
                          margin=below(slowest, exp.time_budget_s))
         verdicts.append(not_judged(budget, crowded) if crowded else budget)
     else:  # within the budget, a crash's wall time says nothing of the program's speed: not a pass

@@ -4,7 +4,9 @@ pytorch/examples, distributed/ddp-tutorial-series (its torchrun version), rewrit
 scratch with its shape and its behaviour: a Trainer that takes its device rank from LOCAL_RANK, a
 snapshot loaded when its file exists, one epoch at a time with DistributedSampler (and set_epoch),
 DDP with its defaults (broadcast_buffers: rank 0's BatchNorm statistics are sent at each forward,
-so after the last step every rank's differ), and nothing evaluated or saved off rank 0. What the
+so after the last step every rank's differ), and nothing evaluated or saved off rank 0; at the top of
+each epoch it takes one batch from the training loader to print its size (`b_sz`), a loader pass with
+no step that evaluates nothing. What the
 student added for the contract: the lab's model and data (labs/common), the contract's flags and
 record (`add_contract_args`, `lab_run`), and rank 0's evaluation of the test set for the record.
 
@@ -65,6 +67,10 @@ class Trainer:
         self.optimizer.step()
 
     def _run_epoch(self, epoch):
+        b_sz = len(next(iter(self.train_data))[0])  # the tutorial's peek: one batch drawn, to print its size
+        if self.global_rank == 0:
+            print(f"[rank {self.global_rank}] Epoch {epoch} | Batchsize: {b_sz} | Steps: {len(self.train_data)}",
+                  flush=True)
         self.train_data.sampler.set_epoch(epoch)
         for images, labels, _ in self.train_data:
             images, labels = models.to_device(images, labels, torch.device("cpu"), channels_last=False)

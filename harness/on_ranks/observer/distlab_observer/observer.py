@@ -57,6 +57,7 @@ from .fileformat import (
     STOPPED_DIR,
     WEIGHTS_FILE,
 )
+from .libraries import Libraries
 
 # Where a rank's number is before any process group exists, launcher by launcher (labs/README.md).
 _os_replace = os.replace  # the real one: ours is hooked once torch loads
@@ -72,11 +73,12 @@ def install(directory: str) -> None:
     if _observer is not None:
         return
     _observer = Observer(directory)
-    watcher = _PostImportWatcher({"torch": _observer.on_torch, "horovod.torch": _observer.on_horovod_torch})
+    watcher = _PostImportWatcher({"torch": _observer.on_torch, "horovod.torch": _observer.on_horovod_torch,
+                                  **_observer.libraries.watched()})
     sys.meta_path.insert(0, watcher)
     # Registered before the program's own handlers (and torch's), so it runs after all of them.
     atexit.register(_observer.finish)
-    for name in ("torch", "horovod.torch"):  # already imported (an embedding interpreter): hook now
+    for name in list(watcher.callbacks):  # already imported (an embedding interpreter): hook now
         if name in sys.modules:
             watcher.fire(name, sys.modules[name])
 
@@ -217,6 +219,7 @@ class Observer:
         self._original_save: Any = None
         self.stop_after = _stop_after()  # training epochs before a resume cell's stop; None: never
         self.stopped: dict[str, Any] | None = None
+        self.libraries = Libraries(self)  # beyond torch's entry points: libraries.py
 
     # ------------------------------------------------------------------------------------- errors
 
@@ -244,7 +247,8 @@ class Observer:
         self.torch = torch
         self._original_save = torch.serialization.save  # final_weights.pt is not the program's save
         for what, hook in (("process group hook", self._hook_process_group), ("data hook", self._hook_data),
-                           ("optimizer hook", self._hook_optimizer), ("save hook", self._hook_save)):
+                           ("optimizer hook", self._hook_optimizer), ("save hook", self._hook_save),
+                           ("libraries hook", self.libraries.on_torch)):
             self.guard(what, hook, torch)
 
     def on_horovod_torch(self, hvd: Any) -> None:
@@ -269,7 +273,11 @@ class Observer:
 
     def _note_torch_group(self, how: str) -> None:
         dist = self.torch.distributed
+        # Without a backend asked for, torch picks one per device type: get_backend() then says
+        # "undefined", the backend config ("cpu:gloo,cuda:nccl") what each device type uses.
+        config = getattr(dist, "get_backend_config", None)
         self.process_groups.append({"api": "torch.distributed", "seen_at": how, "backend": str(dist.get_backend()),
+                                    "backend_config": str(config()) if config else None,
                                     "world_size": dist.get_world_size(), "rank": dist.get_rank()})
 
     def _hook_horovod(self, hvd: Any) -> None:
@@ -394,6 +402,7 @@ class Observer:
             return
         self.optimizers.append(optimizer)
         self.model = find_trained_model(self.torch, self.optimizers)
+        self.guard("model hooks", self.libraries.model_found, self.model)
         self._probe_groups()
 
     def _probe_groups(self) -> None:
@@ -501,6 +510,7 @@ class Observer:
                 "model": self.guard("final model", self._final_model, rank),
                 "errors": self.errors,  # the same list: the final model's errors are in it too
                 "stopped": self.stopped,
+                "libraries": self.guard("libraries", self.libraries.to_json),
             }
             _write_atomically(os.path.join(directory, RANK_FILE.format(rank=rank)), _json_bytes(observed))
         except Exception as error:  # noqa: BLE001
