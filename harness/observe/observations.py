@@ -159,7 +159,7 @@ def load(observe_dir: Path | str) -> Observations:
             observations.problems.append(f"{path.name} unreadable ({type(error).__name__}: {error})")
     for path in sorted(directory.glob(SPAWN_FILES)):
         try:
-            note = json.loads(files.read_regular_file(path, ERRORS_FILE_LIMIT))
+            note = files.read_json(path, ERRORS_FILE_LIMIT)  # the one bounded reader
             if isinstance(note, dict):
                 observations.spawned.append(note)
         except (OSError, ValueError) as error:
