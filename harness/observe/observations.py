@@ -67,6 +67,9 @@ class RankObservation:
     stopped: dict[str, Any] | None = None  # a resume cell's stop of this attempt (observer.py)
     loads: list[dict[str, Any]] = field(default_factory=list)  # every torch.load of a file (version 2)
     libraries: dict[str, Any] = field(default_factory=dict)  # what it saw of the libraries (version 3)
+    # The parameters' digests before the first step, after sampled steps and at exit, and the process's
+    # age on the observer's clock and the kernel's (observer.py, _training_evidence); None: not taken.
+    training: dict[str, Any] | None = None
 
     @property
     def training_epochs(self) -> list[LoaderPass]:
@@ -154,12 +157,13 @@ def load(observe_dir: Path | str) -> Observations:
                                    tuple((seen.get(str(i)) or {}).get("autocast", ())))
                         for i, p in enumerate(data["loader_passes"])],
                 saves=data["saves"], model=data["model"], errors=data["errors"], stopped=data.get("stopped"),
-                loads=data.get("loads", []), libraries=data.get("libraries") or {})
+                loads=data.get("loads", []), libraries=data.get("libraries") or {},
+                training=data.get("training"))
         except (OSError, ValueError, KeyError, TypeError) as error:
             observations.problems.append(f"{path.name} unreadable ({type(error).__name__}: {error})")
     for path in sorted(directory.glob(SPAWN_FILES)):
         try:
-            note = files.read_json(path, ERRORS_FILE_LIMIT)  # the one bounded reader
+            note = files.read_json(path, ERRORS_FILE_LIMIT)  # the one bounded reader: no NaN, no deep nesting
             if isinstance(note, dict):
                 observations.spawned.append(note)
         except (OSError, ValueError) as error:
@@ -226,6 +230,25 @@ def start_up(observations: Observations, wall_seconds: float) -> str:
                 said.append((cold, f"torch.compile's first step took {cold:.1f} s more than a step on rank "
                                    f"{rank.rank} (a cold compile: a persistent cache, or compiling less, shortens it)"))
     return max(said)[1] if said else ""
+
+
+# A rank's age on the observer's clock may fall short of the kernel's by the interpreter's start before
+# the observer loads (some 0.1 s, a second on a crowded machine) and the clocks' granularity; a clock
+# the program slowed falls short by a factor. Beyond both the observer's timings are not the time's.
+CLOCK_SLACK_S, CLOCK_AGREEMENT = 2.0, 0.8
+
+
+def clock_disagreement(observations: Observations) -> str | None:
+    """Why the observer's clock cannot be trusted on some rank (its age of the process falls short
+    of the kernel's), or None: where the kernel did not say, nothing is known against it."""
+    for rank in (observations.ranks[r] for r in sorted(observations.ranks)):
+        training = rank.training or {}
+        clock, kernel = training.get("clock_age_s"), training.get("kernel_age_s")
+        if isinstance(clock, (int, float)) and isinstance(kernel, (int, float)) \
+                and clock < CLOCK_AGREEMENT * kernel - CLOCK_SLACK_S:
+            return (f"rank {rank.rank}'s process lived {kernel:.1f} s by the kernel's account and {clock:.1f} s by "
+                    "the observer's clock: the clock the harness times training with was slowed in the process")
+    return None
 
 
 def throughput(observations: Observations, warmup_steps: int = WARMUP_STEPS) -> float | None:
