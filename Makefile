@@ -40,7 +40,7 @@ setup: $(NOX) ## install everything (torch, MPI, Horovod built from source, dist
 test: $(NOX) ## run the test suite (what CI runs; pytest options in TEST_ARGS)
 	$(NOX) -s tests -- $(TEST_ARGS)
 
-lint: $(NOX) ## ruff, hadolint, actionlint, shellcheck
+lint: $(NOX) ## ruff, mypy (the harness's types), hadolint, actionlint, shellcheck
 	$(NOX) -s lint
 
 grade: $(NOX) ## the main job on the CPU: every lab at world sizes 1 and 2 (ddp, horovod at 2 against the baseline at 1; ddp also at 4), graded

@@ -108,11 +108,13 @@ def tests(session: nox.Session) -> None:
                 "--no-loadscope-reorder", *session.posargs)
 
 
-@nox.session
+@nox.session(requires=["env"])
 def lint(session: nox.Session) -> None:
-    """ruff, hadolint, actionlint and shellcheck: all offline, all from PyPI wheels."""
+    """ruff, mypy, hadolint, actionlint and shellcheck: all offline, all from PyPI wheels. mypy runs in
+    .nox/env (the typecheck extra): it checks the harness against the torch it runs with."""
     session.install(*PYPROJECT["project"]["optional-dependencies"]["lint"])  # the one list of linters
     session.run("ruff", "check", ".")
+    _run_in_env(session, "mypy")  # [tool.mypy] in pyproject.toml: the harness, 0 errors
     dockerfiles = sorted(str(p) for p in ROOT.glob("docker/**/Dockerfile*"))
     if dockerfiles:
         session.run("hadolint", *dockerfiles)

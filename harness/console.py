@@ -30,7 +30,7 @@ class RunProgress:
     def add(self, runs: int) -> None:
         """Runs that were not planned at the start (a speed row's extra pairs)."""
         self.total += runs
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(self._task, total=self.total)
 
     def started(self, label: str) -> None:

@@ -178,7 +178,7 @@ def write(args: argparse.Namespace) -> int:
     setup = SETUP.format(torch_index=f'--index-url "{index}" ' if index else "",
                          torch=_version("torch", "2.14.1"), torchvision=_version("torchvision", "0.29.1"))
     buffer = io.BytesIO()
-    members = {"setup.sh": setup, "run_autograder": RUN.format(max_score=the_rubric.max_score),
+    members: dict[str, str | bytes] = {"setup.sh": setup, "run_autograder": RUN.format(max_score=the_rubric.max_score),
                "autograder.json": json.dumps(config, indent=1) + "\n", "rubric.toml": the_rubric.path.read_text(),
                **({"profile.toml": profile_file.read_text()} if profile_file else {}), "distlab.tar": _package_tar()}
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:

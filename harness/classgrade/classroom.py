@@ -103,7 +103,7 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
     if folder is not None and (folder / JOB_ERROR).is_file() and not (folder / jobs.OBSERVATIONS).is_file():
         said = GRADER_PATH.sub("…", (folder / JOB_ERROR).read_text().strip())  # the grader's paths are staff's
         return outputs.Outcome(student.id, "error", f"the grader failed: {said}", sandboxed=sandboxed, key=student.key)
-    if folder is None or not (folder / jobs.OBSERVATIONS).is_file():
+    if job is None or folder is None or not (folder / jobs.OBSERVATIONS).is_file():
         return outputs.Outcome(student.id, "pending", "not graded yet", sandboxed=sandboxed, key=student.key)
     stored = read_json(folder / jobs.OBSERVATIONS, STORED_BYTES)  # bounded as the program's: it holds what they left
     done, references = jobs.samples_from_json(stored["done"]), jobs.samples_from_json(stored["references"])
@@ -163,6 +163,7 @@ class Classroom:
 
     def job_for(self, student: Submission, slot: int = 0, gpus: list[int] | None = None) -> dict[str, Any]:
         request, class_dir = self.request, self.class_dir
+        assert student.program is not None  # a gradable student's: the only ones given a job
         hidden = {str(request.submissions.resolve()), str(class_dir), str(request.results.resolve())}
         return {"id": student.key, "class_id": hashlib.sha256(str(class_dir).encode()).hexdigest()[:12],
                 "submission": str(student.folder.resolve()) if student.path.is_dir() else str(student.path.resolve()),
@@ -182,7 +183,8 @@ class Classroom:
         for student in (s for s in self.students if not s.problem):
             job = self.stored[student.key]
             complete = job is not None and (Path(job["folder"]) / jobs.OBSERVATIONS).is_file()
-            if student.key in self.request.rerun or not complete or job.get("digest") != student.digest() \
+            if job is None or student.key in self.request.rerun or not complete \
+                    or job.get("digest") != student.digest() \
                     or job.get("sandbox_mode", "bwrap" if job.get("sandboxed") else "none") != self.request.sandbox:
                 todo.append(student)
         return todo
@@ -288,7 +290,7 @@ def finish_job(room: Classroom, ended: Ended, lesson_root: str) -> None:
     """A job that ended, here or on a node: the grader's own failure marked (said, never scored), the
     student's outcome judged and its pages written."""
     key, code = ended.student, ended.code
-    folder = Path(room.stored[key]["folder"])
+    folder = Path((room.stored[key] or {})["folder"])  # stored when the job was started
     if ended.reason:  # the grader's own work went wrong (a deadline, its memory, its Slurm task)
         (folder / JOB_ERROR).write_text(f"{ended.reason}\n")
     elif code and not (folder / jobs.OBSERVATIONS).is_file():  # the harness's failure, not the student's
@@ -341,7 +343,8 @@ def run_jobs_on_slurm(room: Classroom, todo: list[Submission], lesson_root: str)
     cancels the array first."""
     if not todo:
         return
-    grade_plan = room.probe_plan  # there is one: `todo` holds gradable students only
+    grade_plan = room.probe_plan
+    assert grade_plan is not None  # there is one: `todo` holds gradable students only
     written = [new_job(room, student, 0, gpus_of(0, grade_plan)) for student in todo]
     console.print(f"submitting {len(written)} job(s) as a Slurm job array", markup=False)
     for ended in cluster.run_array(room.class_dir, [Path(job["folder"]) / "job.json" for job in written], grade_plan,
@@ -359,7 +362,7 @@ def summary_of(room: Classroom, outcomes: list[outputs.Outcome], wall_seconds: f
             "submissions": len(outcomes), "graded": len(graded),
             "ungradable": sum(o.status == "ungradable" for o in outcomes),
             "pending": [o.key for o in outcomes if o.status == "pending"],
-            "mean": f"{statistics.fmean(o.score for o in graded):.2f}" if graded else "-",
+            "mean": f"{statistics.fmean(o.score for o in graded if o.score is not None):.2f}" if graded else "-",
             "wall_seconds": wall_seconds, "regraded": room.request.regrade, "interrupted": interrupted,
             "students": {o.key: {"id": o.id, "status": o.status, "score": o.score, "reason": o.reason,
                                 "sandbox": o.findings(), "seconds": o.seconds, "rate_ratio": o.rate_ratio,

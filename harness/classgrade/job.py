@@ -148,7 +148,8 @@ def forged_observations(run_dirs: list[Path], program_pids: set[int]) -> list[st
 def entries_left(done: dict[Cell, list[Sample]]) -> tuple[list[str], list[str]]:
     """What the program's runs left in their folders that is no regular file or folder (each sample's
     `untrusted`, grading/samples.py): those where the grader reads (tampering), and the others."""
-    planted, left = [], []
+    planted: list[str] = []
+    left: list[str] = []
     for sample in (s for runs in done.values() for s in runs):
         where = Path(sample.run_dir).name
         tampering = set(run_samples.tampers_with_the_grader(sample.untrusted))
@@ -233,7 +234,8 @@ def run_job(job_path: Path) -> int:
                 scratch = remove_scratch(uid)
                 private.hand_back(folder, uid)
                 shutil.rmtree(folder / "submission", ignore_errors=True)
-            os.close(claim)
+            if claim is not None:  # claimed with the uid
+                os.close(claim)
     program_runs = _program_runs(done)
     if monitor is not None and any("timed out after" in (s.reason or "") for runs in done.values()
                                    for s in runs):

@@ -358,7 +358,7 @@ def class_page(out_dir: Path, rubric: Rubric, outcomes: list[Outcome], summary: 
         f"<tr><td>{e(check)}</td><td>{n}</td><td>{e(lesson.fix) if (lesson := _lesson(check)) else ''}"
         f"</td></tr>" for check, n in counts.most_common())
     timed = sorted((o for o in outcomes if o.seconds is not None and o.status == "graded"),
-                   key=lambda o: (o.rate_ratio if o.rate_ratio is not None else -o.seconds))
+                   key=lambda o: (o.rate_ratio if o.rate_ratio is not None else -(o.seconds or 0.0)))
     def speed_row(o: Outcome) -> str:
         ratio = f"{o.rate_ratio:.2f}" if o.rate_ratio is not None else "-"
         return f"<tr><td>{e(o.id)}</td><td>{ratio}</td><td>{o.seconds:.1f}</td></tr>"

@@ -27,7 +27,7 @@ def default_jobs(grade_plan: GradePlan, gpus: int) -> int:
     ranks = max(ws for _, ws in grade_plan.cells())
     if grade_plan.profile.on_gpus:
         return max(1, gpus // ranks)
-    return max(1, usable_cores().count // (ranks * grade_plan.profile.threads_per_rank))
+    return max(1, usable_cores().count // (ranks * (grade_plan.profile.threads_per_rank or 1)))
 
 
 def gpus_of(slot: int, grade_plan: GradePlan) -> list[int] | None:

@@ -34,6 +34,7 @@ import datetime as dt
 import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.classgrade.sandbox.limits import GIB, Limits
 from harness.usage import UsageError
@@ -188,7 +189,7 @@ def load(path: Path | None = None, due: dt.datetime | None = None) -> Rubric:
              "open_files": ("open_files", 1), "wall_s": ("wall_s", 1), "files": ("files", 1), "depth": ("depth", 1)}
     if set(limits) - set(units):
         raise _fail(path, f"[limits] knows only {', '.join(units)}")
-    values = {}
+    values: dict[str, Any] = {}
     for key, value in limits.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e9:
             raise _fail(path, f"limits.{key} must be a positive number")

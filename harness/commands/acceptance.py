@@ -327,8 +327,9 @@ def torchrun_for_rows(env: dict[str, str] | None) -> tuple[str | None, bool]:
     if env is None:
         return f"{sys.executable} -m torch.distributed.run (a shim the run puts first on PATH)", True
     tool = shutil.which("torchrun", path=env.get("PATH"))
-    with contextlib.suppress(OSError, TypeError):
-        return tool, sys.executable in Path(tool).read_text(errors="replace")[:400]
+    if tool is not None:
+        with contextlib.suppress(OSError):
+            return tool, sys.executable in Path(tool).read_text(errors="replace")[:400]
     return tool, False
 
 
@@ -752,7 +753,8 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
                 console.print(f"== {step.name}" + (f" (at most {limit:.0f} s)" if limit < float("inf") else ""),
                               markup=False)
                 if OBSERVED_DDP in step.argv:
-                    step.argv = [observed_ddp(folder) if arg == OBSERVED_DDP else arg for arg in step.argv]
+                    step.argv = [str(observed_ddp(folder)) if arg == OBSERVED_DDP else arg  # found above
+                                 for arg in step.argv]
                     record["argv"] = step.argv
                 record.update(run_step(step, limit, env, log, folder))
                 interrupted = record.pop("interrupted", False)

@@ -73,7 +73,7 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
             if reference and reference_request and grade_plan.bracketed(lab):
                 references[lab, ws].append(one_run(f"{reference.name} for {lab} ws={ws} after run {runs}",
                                                    reference_request, metric_name=reference.metric))
-            if not reference:
+            if not reference or not reference_request:
                 continue
             spent, pair_s, extra = 0.0, 0.0, 0
             exp = grade_plan.profile.labs[lab]

@@ -98,11 +98,13 @@ class Evaluator:
         if more_dirs or roots:
             asked.update(more_dirs=[str(d) for d in more_dirs or []], roots=[str(r) for r in roots or []])
         request = json.dumps(asked)
+        stdin, stdout = self.process.stdin, self.process.stdout
+        assert stdin is not None and stdout is not None  # _start: stdin=PIPE, stdout=PIPE
         try:
-            self.process.stdin.write(request + "\n")  # type: ignore[union-attr]
-            self.process.stdin.flush()  # type: ignore[union-attr]
-            ready, _, _ = select.select([self.process.stdout], [], [], self.timeout_s)
-            line = self.process.stdout.readline() if ready else None  # type: ignore[union-attr]
+            stdin.write(request + "\n")
+            stdin.flush()
+            ready, _, _ = select.select([stdout], [], [], self.timeout_s)
+            line = stdout.readline() if ready else None
         except OSError:  # the process is gone: its stderr says why
             line = ""
         if line is None:
@@ -251,7 +253,7 @@ def own_models(ranks: dict[int, tuple[Path, dict[str, Any]]], rank0_digest: str,
         return {"ranks": {}, "error": f"no rank evaluated a set of the test set's length ({len(test_set)}) after "
                                       "its last training pass"}
     precision = models.make_precision(args, device)
-    correct_by_digest: dict[str, torch.Tensor] = {}
+    correct_by_digest: dict[str | None, torch.Tensor] = {}  # None: a rank's model without a digest
     counted = {}
     for rank, indices in evaluated.items():
         digest = digests[rank]

@@ -288,7 +288,8 @@ def check_shards(ranks: list[RankObservation], train_set_size: int | None) -> li
             "any rank" if not ranks else "some rank")
         return [Check("shards_disjoint", False, why), Check("shards_cover", False, why)]
 
-    overlaps, covers = [], []
+    overlaps: list[str] = []
+    covers: list[tuple[int, bool | None, str]] = []
     for epoch in range(epochs):
         passes = [(r.rank, r.training_epochs[epoch]) for r in ranks]
         # Disjoint: every pair of ranks, and each rank with itself (a sample fetched twice).
@@ -351,14 +352,15 @@ def check_replicas(ranks: list[RankObservation]) -> list[Check]:
         why = (f"harness found no trained model on rank {_join(without) or '(none)'} (no optimizer step, or the "
                "observer could not find the module)")
         return [Check(name, False, why), Check("buffers_identical", False, why)]
+    model = {r.rank: r.model for r in ranks if r.model}  # every rank's: the ones without returned above
     first, others = ranks[0], ranks[1:]
-    differing = {r.rank: _buffers_differing(first.model, r.model) for r in others
-                 if r.model.get("buffers_sha256") != first.model.get("buffers_sha256")}
-    params = {r.model["params_sha256"] for r in ranks}
+    differing = {r.rank: _buffers_differing(model[first.rank], model[r.rank]) for r in others
+                 if model[r.rank].get("buffers_sha256") != model[first.rank].get("buffers_sha256")}
+    params = {model[r.rank]["params_sha256"] for r in ranks}
     if len(params) > 1:
         groups: dict[str, list[int]] = {}
         for r in ranks:
-            groups.setdefault(r.model["params_sha256"], []).append(r.rank)
+            groups.setdefault(model[r.rank]["params_sha256"], []).append(r.rank)
         split = "; ".join(f"rank {_join(rs)}: {digest[:12]}" for digest, rs in groups.items())
         because = parameters_apart_because(ranks)
         return [Check(name, False, f"harness observed {len(params)} distinct digests of the final parameters "
@@ -373,7 +375,7 @@ def check_replicas(ranks: list[RankObservation]) -> list[Check]:
         same = f"final parameters and buffers bitwise equal on all {len(ranks)} ranks ({next(iter(params))[:12]})"
         return [Check(name, True, f"{same}: one model"), Check("buffers_identical", True, same)]
     names = sorted({buffer for buffers in differing.values() for buffer in buffers})
-    kinds = (first.model.get("buffers") or {})
+    kinds = (model[first.rank].get("buffers") or {})
     batchnorm = bool(names) and all((kinds.get(buffer) or {}).get("module") == "BatchNorm" for buffer in names)
     what = "BatchNorm running statistics" if batchnorm else "buffers"
     which = f", in {len(names)} buffer(s), e.g. {names[0]}" if names else ""

@@ -222,7 +222,7 @@ def start_up(observations: Observations, wall_seconds: float) -> str:
                                   "epoch's iterator starts them again: persistent_workers=True starts them once, "
                                   "and fewer num_workers start sooner)"))
         first = next((p for p in rank.training_epochs if p.started is not None and len(p.step_times) >= 3), None)
-        if rank.libraries.get("compiled") and first is not None:
+        if rank.libraries.get("compiled") and first is not None and first.started is not None:
             steps = sorted(b - a for a, b in pairwise(first.step_times))
             cold = first.step_times[0] - first.started - steps[len(steps) // 2] - \
                 (workers if first is rank.training_epochs[0] else 0.0)

@@ -257,13 +257,14 @@ def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample],
     reference rate. `alike`: the reference is the same work (the course's lab beside a student's
     program).
     """
-    values = [sample_metric(s, band.metric) for s in samples]
+    measured = [sample_metric(s, band.metric) for s in samples]
     expected = band.describe(world_size)
-    if any(v is None for v in values):
+    if any(v is None for v in measured):
         unmeasured = [s.measure_errors[band.metric] for s in samples if band.metric in s.measure_errors]
         return Verdict(lab, world_size, band.metric, "missing", expected, False,
                        f"the harness could not measure it: {unmeasured[0]}" if unmeasured else
                        f"the record lacks metrics.{band.metric} (a number); see labs/README.md")
+    values = [v for v in measured if v is not None]  # every one, as checked above
     if band.at_least_ratio:
         if world_size not in band.at_least_ratio:
             return Verdict(lab, world_size, f"{band.metric}_ratio", "-", expected, None,
@@ -271,14 +272,14 @@ def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample],
         check, floor = f"{band.metric}_ratio", band.at_least_ratio[world_size]
         paired = [(v, s.reference) for v, s in zip(values, samples, strict=True) if s.reference]
         if paired:
-            ratios = [v / r for v, r in paired]  # type: ignore[operator]
+            ratios = [v / r for v, r in paired]
             how = (f"geometric mean of {len(ratios)} paired ratio(s) ({', '.join(f'{r:.3f}' for r in ratios)}), "
                    f"each run's {band.metric} over the reference measured around it in this grade "
-                   f"(median {statistics.median(values):.4g} against "  # type: ignore[type-var]
+                   f"(median {statistics.median(values):.4g} against "
                    f"{statistics.median(r for _, r in paired):.4g})")
         elif reference:
-            ratios = [v / reference for v in values]  # type: ignore[operator]
-            how = (f"geometric mean of {len(ratios)} run(s): {statistics.median(values):.4g} {band.metric} "  # type: ignore[type-var]
+            ratios = [v / reference for v in values]
+            how = (f"geometric mean of {len(ratios)} run(s): {statistics.median(values):.4g} {band.metric} "
                    f"against the reference's {reference:.4g}, measured in this grade on this machine")
         else:
             return Verdict(lab, world_size, check, "-", expected, False,
@@ -286,30 +287,30 @@ def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample],
         if any(r <= 0 for r in ratios):
             return Verdict(lab, world_size, check, "0", expected, False, f"a run measured no {band.metric}")
         return speed_verdict(lab, world_size, check, expected, ratios, floor, samples, alike, how)
-    if band.expected:
+    if band.expected and band.at_least_fraction is not None:  # profiles.py reads them together
         if world_size not in band.expected:
             return Verdict(lab, world_size, band.metric, fmt(mean_ci(values).mean), expected, None,
                            f"the profile has no expectation for world size {world_size}")
         threshold = band.at_least_fraction * band.expected[world_size]
-        if any(v <= 0 for v in values):  # type: ignore[operator]
+        if any(v <= 0 for v in values):
             return Verdict(lab, world_size, band.metric, "0", expected, False, f"a run measured no {band.metric}")
         # The profile's number, against runs of this grade: a busy machine may explain a slow one.
-        return speed_verdict(lab, world_size, band.metric, expected, [v / threshold for v in values],  # type: ignore[operator]
+        return speed_verdict(lab, world_size, band.metric, expected, [v / threshold for v in values],
                              1.0, samples, False, f"threshold {threshold:.4g}; {len(values)} run(s)", threshold)
     mean = mean_ci(values).mean
-    if band.value is not None:
+    if band.value is not None and band.tolerance is not None:  # profiles.py reads them together
         passed = abs(mean - band.value) <= band.tolerance
         margin = within(abs(mean - band.value), band.tolerance)
     else:
         passed = (band.min is None or mean >= band.min) and (band.max is None or mean <= band.max)
         sides = [m for m in (above(mean, band.min), below(mean, band.max)) if m is not None]
         margin = min(sides) if sides else None
-    how = [f"mean of {len(values)} run(s)"] if len(values) > 1 else []
+    notes = [f"mean of {len(values)} run(s)"] if len(values) > 1 else []
     if any(band.metric in s.measured for s in samples):
         claimed = [metric(s.record, band.metric) for s in samples]
-        how.append("measured by the harness from rank 0's final weights; the program reported "
+        notes.append("measured by the harness from rank 0's final weights; the program reported "
                    + ", ".join("-" if c is None else f"{c:.4g}" for c in claimed))
-    return Verdict(lab, world_size, band.metric, fmt(mean), expected, passed, "; ".join(how), margin=margin)
+    return Verdict(lab, world_size, band.metric, fmt(mean), expected, passed, "; ".join(notes), margin=margin)
 
 
 def above(value: float, floor: float | None) -> float | None:
@@ -343,7 +344,8 @@ def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
             verdicts.append(Verdict(lab, world_size, f"check:{name}", "missing", "passed", False,
                                     f"the record has no check '{name}' (required for this lab)"))
         else:
-            detail = {k: v for k, v in samples[0].record["checks"][name].items() if k != "passed"} if bad else ""
+            checks = (samples[0].record or {})["checks"]  # every sample has the check: none is missing
+            detail = {k: v for k, v in checks[name].items() if k != "passed"} if bad else ""
             verdicts.append(Verdict(lab, world_size, f"check:{name}", "passed" if not bad else "FAILED", "passed",
                                     not bad, str(detail) if detail else ""))
     verdicts += observed_verdicts(lab, world_size, samples)

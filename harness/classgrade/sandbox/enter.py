@@ -41,8 +41,8 @@ def refusal(mode: str = "bwrap") -> str | None:
                 "root (a course's grading host or container), or pass --no-sandbox")
     if mode == "uid":
         return uid.uid_refusal()
-    probe = subprocess.run([bubblewrap.bwrap_path(), "--unshare-net", "--unshare-pid", "--ro-bind", "/", "/", "true"],
-                           capture_output=True, text=True, timeout=30)
+    probe = subprocess.run([bubblewrap.bwrap_path() or "bwrap", "--unshare-net", "--unshare-pid", "--ro-bind", "/", "/",
+                            "true"], capture_output=True, text=True, timeout=30)
     if probe.returncode != 0:
         return (f"bubblewrap cannot make namespaces here ({probe.stderr.strip()[:200]}); allow them (a privileged "
                 "container), grade with --sandbox uid (a uid of its own, without namespaces), or pass --no-sandbox")

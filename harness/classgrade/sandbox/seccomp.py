@@ -17,6 +17,9 @@ _LD_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS,
 _ALLOW, _ERRNO = 0x7FFF0000, 0x00050000  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | errno
 
 
+Step = tuple[int, str | None, str | None, int]  # (code, jump if true -> label, if false -> label, k)
+
+
 def seccomp_filter(machine: str | None = None) -> bytes | None:
     """The sandbox's seccomp program (classic BPF, as bwrap --seccomp takes it) for this machine's
     architecture; None on another (then the namespaces alone hold). System calls of another ABI
@@ -32,7 +35,7 @@ def seccomp_filter(machine: str | None = None) -> bytes | None:
     number = {name: numbers[column] for name, numbers in SYSCALLS.items()}
     eperm, enosys = _ERRNO | errno.EPERM, _ERRNO | errno.ENOSYS
     # (code, jump if true -> label, jump if false -> label, k); labels resolved below.
-    program: list[tuple[int, str | None, str | None, int]] = [
+    program: list[Step | tuple[str, int, str | None, str | None, int]] = [
         (_LD_ABS, None, None, 4),  # seccomp_data.arch
         (_JEQ, None, "enosys", audit_arch),
         (_LD_ABS, None, None, 0),  # seccomp_data.nr
@@ -48,15 +51,17 @@ def seccomp_filter(machine: str | None = None) -> bytes | None:
         ("eperm", _RET, None, None, eperm),
         ("enosys", _RET, None, None, enosys),
     ]
-    labels, steps = {}, []
+    labels: dict[str, int] = {}
+    steps: list[Step] = []
     for step in program:
-        if isinstance(step[0], str):
+        if len(step) == 5:  # a step with its label first
             labels[step[0]] = len(steps)
-            step = step[1:]
-        steps.append(step)
+            steps.append(step[1:])
+        else:
+            steps.append(step)
     out = b""
     for index, (code, if_true, if_false, k) in enumerate(steps):
-        jump = {None: 0, **{name: target - index - 1 for name, target in labels.items()}}
+        jump: dict[str | None, int] = {None: 0, **{name: target - index - 1 for name, target in labels.items()}}
         out += struct.pack("=HBBI", code, jump[if_true], jump[if_false], k)
     return out
 

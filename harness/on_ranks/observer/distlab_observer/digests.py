@@ -25,7 +25,7 @@ def state_digest(state: dict[str, Any]) -> str:
                 tensor = tensor.to_dense()
             tensor = tensor.resolve_conj().resolve_neg().contiguous()
             digest.update(f"{tensor.dtype}{tuple(tensor.shape)}\0".encode())
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]  # a buffer
         else:
             digest.update(f"{type(value).__name__}:{value!r}\0".encode())
     return digest.hexdigest()

@@ -97,7 +97,7 @@ class Libraries:
             self.observer.guard("spawn", self._note_spawn, nprocs)
             return original(fn, args, nprocs, *rest, **kwargs)
 
-        spawn_module.start_processes = start_processes
+        spawn_module.start_processes = start_processes  # type: ignore[attr-defined]  # torch's stubs omit it
         multiprocessing = torch.multiprocessing
         if getattr(multiprocessing, "start_processes", None) is original:
             multiprocessing.start_processes = start_processes

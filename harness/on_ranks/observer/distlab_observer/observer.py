@@ -324,7 +324,7 @@ class Observer:
         hvd.init = init
         mpi_ops = sys.modules.get("horovod.torch.mpi_ops")
         if mpi_ops is not None and mpi_ops.init is original:
-            mpi_ops.init = init
+            mpi_ops.init = init  # type: ignore[attr-defined]  # Horovod's module, typed by nothing
 
     def _note_horovod_group(self, hvd: Any, how: str) -> None:
         controller = "gloo" if hvd.gloo_enabled() else "mpi" if hvd.mpi_enabled() else "unknown"
@@ -427,15 +427,16 @@ class Observer:
         hooks.register_optimizer_step_post_hook(post)
         for what, table, ours in (("pre", "_global_optimizer_pre_hooks", pre),
                                   ("post", "_global_optimizer_post_hooks", post)):
-            self.hooks.append((f"torch.optim's global step {what}-hook",
-                               lambda table=table, ours=ours: ours if any(
-                                   hook is ours for hook in getattr(hooks, table).values()) else None, ours))
+            def standing(table: str = table, ours: Any = ours) -> Any:  # ours, while still registered
+                return ours if any(hook is ours for hook in getattr(hooks, table).values()) else None
+
+            self.hooks.append((f"torch.optim's global step {what}-hook", standing, ours))
 
     def _stop_if_due(self) -> None:
         """A resume cell's stop: at the first step of a pass, once stop_after training passes are done.
         The pass just begun is left out (it took no step), the observations written, the rank ended."""
         current = self.last_batch_from
-        if current is None or self.steps != current.steps_start:
+        if current is None or self.stop_after is None or self.steps != current.steps_start:
             return
         done = sum(1 for p in self.passes if p is not current and p.steps_end > p.steps_start)
         if done < self.stop_after:
