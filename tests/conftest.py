@@ -91,6 +91,11 @@ def python_without_distlab(venv: Path) -> Path:
     borrowed = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
                        *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")) and Path(p).is_dir())})
     (site / "zz_borrowed_packages.pth").write_text("".join(f"{path}\n" for path in borrowed))
+    # torch's own launcher, as pip installing torch puts it beside the interpreter (the harness looks
+    # there first): a venv that borrows torch by a path line gets no scripts, and PATH may have none.
+    torchrun = venv / "bin" / "torchrun"
+    torchrun.write_text(f"#!{python}\nimport sys\nfrom torch.distributed.run import main\nsys.exit(main())\n")
+    torchrun.chmod(0o755)
     return python
 
 

@@ -149,7 +149,6 @@ EXPECTED = {
     "reads-environment": "it did not run to a record of its own",
     "forges-feedback": "it did not run to a record of its own",
     # The second round (issue 45): each contained, the class finished, the grader blamed for nothing.
-    "nan-clock": "is not the observer's (unreadable)",  # NaN step times: refused by the one JSON reader
     "deep-observation": "is not the observer's (unreadable)",  # nested 100,000 deep: no RecursionError
     "links-observe": "observe is a symbolic link (never followed or opened)",
     "odd-rank-folder": "attempt_9 is a symbolic link (never followed or opened)",  # and no rank "x" taken
@@ -225,6 +224,11 @@ def test_each_hostile_submission_is_contained_and_named_in_its_own_feedback(grad
             assert "docs/threat-model.md#what-a-submission-gets" in feedback
     assert "wrong layout: 2 .py files and none is train.py" in book["carol"]["reason"]
     assert "wrote more than" not in book["sparse-logs"]["reason"]  # the grader's copies of its logs are bounded
+    # nan_clock.py: since #44 the observer's clock is its own, taken before the program's first line: the
+    # NaN it sets never reaches the step times, and the course lab it runs is graded for what it did (a
+    # file with NaN in it is refused by the one JSON reader: test_untrusted.py).
+    assert book["nan-clock"]["status"] == "graded", book["nan-clock"]
+    assert "unreadable" not in book["nan-clock"]["reason"] and "clock" not in book["nan-clock"]["reason"]
 
 
 @needs_sandbox

@@ -242,6 +242,26 @@ def test_other_ranks_copies_of_rank0s_weights_are_dropped_once_measured(tmp_path
     assert (tmp_path / "escape.pt").exists()  # only the observer's own names are ever removed
 
 
+def test_a_reference_run_keeps_no_final_weights_and_follows_no_link(tmp_path):
+    """A reference is timed, never evaluated: its observer's weights (45 MB a rank) are removed at once,
+    so the course lab's references cannot fill a class job's folder; a link is removed, not followed."""
+    from harness.grading.samples import reference_sample
+    from harness.run.state import RunResult
+
+    observe = tmp_path / "run" / "observe"
+    observe.mkdir(parents=True)
+    for name in ("final_weights.pt", "final_weights.1.pt"):
+        (observe / name).write_bytes(b"weights")
+    (tmp_path / "elsewhere.pt").write_bytes(b"not the observer's")
+    (observe / "final_weights.2.pt").symlink_to(tmp_path / "elsewhere.pt")
+    write_rank_observation(observe, 0)
+    result = RunResult(tmp_path / "run", 0, "ok", None, {"metrics": {}}, None, 1.0, False, False, False, None)
+    sample = reference_sample(result, "img_per_sec")
+    assert sample.status == "ok" and not list(observe.glob("final_weights*"))
+    assert (tmp_path / "elsewhere.pt").read_bytes() == b"not the observer's"
+    assert (observe / "rank.0.json").exists()  # what was observed stays: only the weights go
+
+
 def test_a_two_host_cell_in_the_class_sandbox_is_not_run_and_says_why(tmp_path):
     import dataclasses
 

@@ -42,7 +42,7 @@ def test_the_replayed_grade_s_junit_is_valid_and_times_each_cell(schemas, tmp_pa
     """The JUnit of a real grade's runs (the replay fixture: cpu-smoke, baseline at 1, ddp at 1 and 2)."""
     monkeypatch.chdir(FIXTURE)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    replay(tmp_path)
+    replay(FIXTURE, tmp_path)
     (path,) = tmp_path.glob("grade/*/junit.xml")
     assert_valid(schemas, path)
     runs = json.loads((FIXTURE / "runs.json").read_text())["done"]

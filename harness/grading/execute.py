@@ -54,7 +54,7 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
                 return sample
             result = run_lab(request, echo=False, on_line=progress.line)
             sample = samples.observed_sample(result, exp, request, evaluator) if exp else \
-                samples.timed(result, metric_name)
+                samples.reference_sample(result, metric_name)
             progress.ended(f"ok in {result.wall_seconds:.0f} s" if result.ok else f"FAILED: {result.reason}")
             return sample
 

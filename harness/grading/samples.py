@@ -122,6 +122,20 @@ def observed_sample(result: RunResult, exp: LabExpectation, request: RunRequest,
     return sample
 
 
+def reference_sample(result: RunResult, metric_name: str) -> Sample:
+    """A reference run (the plain loop, or the course's lab timed beside a program): timed, never
+    evaluated, so the final weights its observer left are removed at once. Some 45 MB a rank of
+    ResNet-18 each, the course lab's references alone filled a class job's 2 GiB folder (the default
+    profile at world size 4, with the speed rule's extra pairs), and the program was blamed for it."""
+    sample = timed(result, metric_name)
+    observe_dir = result.run_dir / OBSERVE_DIR
+    if observe_dir.is_dir() and not observe_dir.is_symlink():  # a link in its place: never followed
+        for path in observe_dir.glob("final_weights*.pt"):
+            with contextlib.suppress(OSError):
+                path.unlink()  # never followed: unlink removes a link, not its target
+    return sample
+
+
 def drop_copies_of_rank0(seen: observations.Observations) -> None:
     """The other ranks' final weights, once measured to be rank 0's own state (the evaluator asked for
     none of them: every rank held rank 0's digest), are removed: a copy of final_weights.pt per rank
