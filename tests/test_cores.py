@@ -316,6 +316,7 @@ def test_a_run_records_its_cores_and_what_others_used_of_them(tmp_path):
     (run_json,) = (tmp_path / "busy").glob("check/*/run.json")
     facts = json.loads(run_json.read_text())["cpu"]
     assert facts["cores"] == 2 and facts["others_cores"] > 0.5, facts  # two busy loops on the run's 2 CPUs
+    assert facts["run_queue"] >= 2 and facts["steal_cores"] is not None, facts  # the two loops were runnable
     assert "other processes kept" in speed_not_judged([Sample("r", "ok", None, 1.0, None, cpu=facts)])
 
 
