@@ -60,6 +60,8 @@ def build_class(folder: Path) -> dict[str, str]:
         expected[name] = next(check for check in failing if check.startswith("observed:"))
     for path in (REPO / "tests/submissions").glob("*.py"):
         name = path.stem.replace("_", "-")
+        if name not in graded.EXPECTED:
+            continue  # graded in a class of its own by its test (reads_keyring, nan_clock): no row words here
         shutil.copy(path, subs / f"{name}.py")
         expected[name] = graded.EXPECTED[name].replace("64 MiB", f"{OUTPUT_GIB:g} GiB")  # the benchmark's limit
     graded.unused_parameters_mutant(subs / "unused-parameters.py")
