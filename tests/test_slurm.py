@@ -171,13 +171,15 @@ def test_distlab_grade_runs_its_cells_as_a_slurm_job_array(tmp_path):
     done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=JOB_LIMIT_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads(done.stdout)
-    assert (summary["runs"], summary["reference_runs"], summary["failed"]) == (2, 2, 0), summary
+    # A run and its reference per cell, and more pairs where a speed row's interval reached its floor (#48).
+    assert summary["failed"] == 0 and summary["runs"] >= 2 and summary["reference_runs"] == summary["runs"], summary
     (folder,) = [p for p in (results / "grade-slurm").iterdir() if (p / "sacct.json").exists()]
     states = json.loads((folder / "sacct.json").read_text())
     assert [(states[i]["State"], states[i]["ExitCode"]) for i in ("0", "1")] == [("COMPLETED", "0:0")] * 2, states
     # The runs the tasks made, under the shared results, each observed on its node.
-    assert len(list(results.glob("ddp/*/run.json"))) == 2
-    assert len(list(results.glob("ddp/*-ws2-*/observe/rank.*.json"))) == 2
+    assert len(list(results.glob("ddp/*/run.json"))) == summary["runs"]
+    at_2 = list(results.glob("ddp/*-ws2-*/run.json"))
+    assert at_2 and len(list(results.glob("ddp/*-ws2-*/observe/rank.*.json"))) == 2 * len(at_2)
 
 
 def _gradebook(class_dir: Path) -> dict[str, dict[str, str]]:
