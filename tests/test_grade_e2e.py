@@ -64,8 +64,10 @@ def test_grade_smoke_profile_at_world_sizes_1_and_2(tmp_path):
     # The overhead is the grade's wall time over the sum of its runs' own, the labs' and the reference
     # loops' alike: each run's wall time is in its run.json (the grade's report folder has none).
     run_jsons = [json.loads(path.read_text()) for path in results.glob("*/*/run.json")]
-    assert summary["runs"] == sum(len(dirs) for dirs in summary["runs_by_cell"].values()) == 4
-    assert summary["runs"] + summary["reference_runs"] == len(run_jsons) == 6  # ddp's two cells have a reference
+    # A run a cell, and the extra pairs a speed row whose interval reached its floor asked for (#48).
+    assert summary["runs"] == sum(len(dirs) for dirs in summary["runs_by_cell"].values()) >= 4
+    assert summary["reference_runs"] >= 2  # ddp's two cells have a reference, one a run
+    assert summary["runs"] + summary["reference_runs"] == len(run_jsons)
     assert summary["harness_overhead"] == pytest.approx(
         summary["wall_seconds"] / sum(run["wall_seconds"] for run in run_jsons), rel=1e-9)
 

@@ -218,6 +218,7 @@ def test_the_grade_runs_extra_pairs_within_the_profile_s_budget(tmp_path, monkey
     monkeypatch.setattr(execute_module, "run_lab", fake_run_lab)
     monkeypatch.setattr(samples_module, "observed_sample", rate)
     monkeypatch.setattr(samples_module, "timed", rate)
+    monkeypatch.setattr(samples_module, "reference_sample", rate)
     monkeypatch.setattr(execute_module.accuracy, "Evaluator", lambda: _Nothing())
     profile = resolve("cpu-smoke", {})
     plan = plan_grade(profile, labs=["ddp"], world_sizes=[2], programs={"ddp": program}, results_root=tmp_path,
