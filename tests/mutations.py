@@ -65,6 +65,10 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
     "clock trusts a slowed clock": (
         "harness/observe/observations.py", "and clock < CLOCK_AGREEMENT * kernel - CLOCK_SLACK_S",
         "and clock < 0"),
+    "inputs_from_loader lets most forwards be given more": (
+        DP, "if 2 * oversized > forwards:", "if oversized > forwards:"),
+    "a decoy leaves the shard checks standing": (
+        DP, "    if not inputs.passed:  # what the loader drew", "    if False:  # what the loader drew"),
 }
 
 

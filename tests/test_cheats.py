@@ -62,6 +62,15 @@ UNHOOK = """from torch.utils.data.dataloader import _BaseDataLoaderIter
 _BaseDataLoaderIter._next_index = getattr(_BaseDataLoaderIter._next_index, "__wrapped__",
                                           _BaseDataLoaderIter._next_index)
 """
+# Every rank trains on the whole set, in batches of world_size x BATCH taken from the tensors, while
+# the sharded loader is iterated beside it step for step, so its indices are what the observer draws.
+LOOP = "        for inputs, labels in train_loader:\n"
+DECOY = """        everything = torch.randperm(SAMPLES, generator=torch.Generator().manual_seed(epoch))
+        whole = [(train_set.tensors[0][everything[i:i + BATCH * world_size]],
+                  train_set.tensors[1][everything[i:i + BATCH * world_size]])
+                 for i in range(0, SAMPLES, BATCH * world_size)]
+        for (inputs, labels), _decoy in zip(whole, train_loader):
+"""
 
 # name -> (the changes, as (old, new) pairs; the checks that must fail, each with words of its detail)
 CHEATS = {
@@ -74,10 +83,12 @@ CHEATS = {
     "slows-the-observer-s-clock": ([(IMPORTS, IMPORTS + SLOW_OBSERVER)],
                                    {"clock": "by the observer's clock: the clock the harness times training with "
                                              "was slowed"}),
+    "decoy-loader": ([(LOOP, DECOY)],
+                     {"inputs_from_loader": "the model trained on data the loader did not hand out"}),
     "unhooks-the-observer": ([(IMPORTS, IMPORTS + UNHOOK)],
                              {"observer": "the DataLoader iterator's _next_index was replaced during the run"}),
 }
-NEW_CHECKS = ("parameters_trained", "replicas_in_step", "clock", "observer")
+NEW_CHECKS = ("parameters_trained", "replicas_in_step", "clock", "observer", "inputs_from_loader")
 
 
 def cheat(tmp_path: Path, changes: list[tuple[str, str]]) -> Path:
@@ -117,3 +128,6 @@ def test_each_cheat_fails_its_own_check(tmp_path, name):
         assert not seen[check].passed and words in seen[check].detail, seen[check]
     others = [c for c in NEW_CHECKS if c not in failing and not seen[c].passed]
     assert not others, {c: seen[c].detail for c in others}
+    if name == "decoy-loader":  # the decoy's indices are disjoint and cover the set: they prove nothing now
+        for check in ("shards_disjoint", "shards_cover", "order_changes_per_epoch"):
+            assert not seen[check].applicable and seen[check].detail.startswith(data_parallel.NOT_VERIFIED)

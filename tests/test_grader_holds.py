@@ -291,3 +291,44 @@ def test_the_rubric_pays_for_training_replicas_in_step_and_the_clock():
 
     paid = {check for item in rubric.load().items if item.points for check in item.checks}
     assert {"observed:parameters_trained", "observed:replicas_in_step", "observed:clock"} <= paid
+
+
+# ------------------------------------------------------------------------------------- inputs_from_loader
+
+
+def fed(forwards: int, oversized: int, largest: int = 8, batch_most: int = 4) -> dict:
+    """A rank's first training epoch's forwards with gradients, as libraries.py counts them."""
+    return {"libraries": {"ddp_wraps": 1, "steps_in_no_sync": 0, "first_step_params_sha256": None, "compiled": False,
+                          "forwards_counted": True, "passes": {"0": {
+        "forwards": forwards, "autocast": [], "trained_forwards": forwards, "oversized": oversized,
+        "largest": largest if oversized else 0, "batch_most": batch_most if oversized else 0}}}}
+
+
+def test_a_model_given_more_samples_than_its_loader_handed_out_fails_and_the_shards_prove_nothing(tmp_path):
+    honest = judged(tmp_path / "a", {r: {**HALVES[r], **fed(4, 0)} for r in (0, 1)})
+    assert honest["inputs_from_loader"].passed and honest["inputs_from_loader"].applicable
+    assert honest["shards_disjoint"].applicable and honest["shards_cover"].passed
+    # A last batch fetched ahead of its step is one forward in four given more: not a decoy.
+    assert judged(tmp_path / "b", {r: {**HALVES[r], **fed(4, 1)} for r in (0, 1)})["inputs_from_loader"].passed
+    decoy = judged(tmp_path / "c", {0: {**HALVES[0], **fed(4, 3)}, 1: {**HALVES[1], **fed(4, 0)}})
+    check = decoy["inputs_from_loader"]
+    assert not check.passed and "3 of rank 0's 4 forwards" in check.detail and "(8 against 4)" in check.detail
+    for name in ("shards_disjoint", "shards_cover", "order_changes_per_epoch"):
+        assert (decoy[name].passed, decoy[name].applicable) == (True, False), decoy[name]
+        assert decoy[name].detail.startswith(data_parallel.NOT_VERIFIED)
+
+
+def test_without_counted_forwards_inputs_from_loader_is_not_verified_never_passed(tmp_path):
+    check = judged(tmp_path / "a", HALVES)["inputs_from_loader"]
+    assert (check.passed, check.applicable) == (True, False) and check.detail.startswith("not verified")
+    one_rank = judged(tmp_path / "b", {0: {**HALVES[0], **fed(4, 0)}, 1: HALVES[1]})["inputs_from_loader"]
+    assert not one_rank.applicable and "on rank 1" in one_rank.detail
+
+
+def test_the_rubric_pays_the_shard_item_only_for_inputs_from_the_loader():
+    from harness.classgrade import rubric
+
+    [shard] = [item for item in rubric.load().items if "observed:shards_disjoint" in item.checks]
+    assert "observed:inputs_from_loader" in shard.checks and shard.points
+    [speed] = [item for item in rubric.load().items if "observed:clock" in item.checks]
+    assert not speed.partial  # a slowed clock keeps no part of the speed point for running in time

@@ -276,8 +276,10 @@ def test_ddp_lab_passes_every_observed_check(ddp_lab):
     observe_dir, _, record = ddp_lab
     checks = data_parallel.checks(observations.load(observe_dir), "gloo", 2, train_set_size=SMOKE_TRAIN_IMAGES)
     assert failing(checks) == {}
-    # Trained, in step at every sampled step, on a clock the kernel agrees with: verified, not n/a.
-    assert all(by_name(checks)[name].applicable for name in ("parameters_trained", "replicas_in_step", "clock"))
+    # Trained on what its loader handed out, in step at every sampled step, on a clock the kernel agrees
+    # with: verified, not n/a.
+    assert all(by_name(checks)[name].applicable
+               for name in ("parameters_trained", "replicas_in_step", "clock", "inputs_from_loader"))
     assert data_parallel.compare_claims(record, checks) == []
     # Parameters and BatchNorm statistics alike: the lab averages the statistics before it evaluates.
     assert "parameters and buffers bitwise equal on all 2 ranks" in by_name(checks)["replicas_identical"].detail

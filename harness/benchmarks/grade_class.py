@@ -2,7 +2,8 @@
 
 The class: the course's DDP lab twice, the DDP program written from scratch
 (tests/programs/ddp_program.py), each mutant of tests/test_grade_mutations.py (one mistake each)
-and the unused-parameters mutant, and the hostile submissions of tests/submissions/. Graded on
+and the unused-parameters mutant, the hostile submissions of tests/submissions/, and the cheats of
+tests/test_cheats.py (the scratch program hiding a mistake from the grader). Graded on
 cpu-smoke's ddp row at world size 2 (without the throughput band: each submission would otherwise
 bring three paired runs of the course lab). Prints every submission's outcome against what it must
 be, the class's total time, the time per submission against one graded alone, and the sandbox's
@@ -66,6 +67,10 @@ def build_class(folder: Path) -> dict[str, str]:
         expected[name] = graded.EXPECTED[name].replace("64 MiB", f"{OUTPUT_GIB:g} GiB")  # the benchmark's limit
     graded.unused_parameters_mutant(subs / "unused-parameters.py")
     expected["unused-parameters"] = "unused_parameters"
+    cheats = _load_test_module("test_cheats")  # issue 44's: the scratch program with one cheat each
+    for name, (changes, failing) in cheats.CHEATS.items():
+        cheats.cheat(subs, changes).rename(subs / f"{name}.py")
+        expected[name] = f"observed:{next(iter(failing))}"
     return expected
 
 

@@ -62,6 +62,17 @@ The rules, per check:
   parameters had the same digest: a data-parallel run's replicas are equal after every step, not
   only at the end (a program that trains each rank alone and broadcasts rank 0's state after each
   epoch ends with equal replicas). Not verified where no sampled step was digested on every rank.
+- inputs_from_loader: on every rank, most forwards of the trained model with gradients on (training,
+  not evaluation) were given at most the samples of the batch the loop had just received from its
+  DataLoader: the size along the batch's leading sizes where the input's first or second dimension is
+  one (micro-batches, a sequence-first model), else its first dimension, against the batch's inputs
+  together (two views of an image concatenated are one batch). A program that trains on data of its
+  own beside a decoy loader (every rank on the whole set, the sharded loader iterated only to show)
+  gives its model more samples than the loader handed out. Where it fails, the checks that rest on the
+  indices the loaders drew (shards_disjoint, shards_cover, order_changes_per_epoch) are not verified:
+  those indices say nothing of what the model trained on. Not verified where the observer counted no
+  such forward (a compiled or scripted model, a forward given keyword arguments only). What it cannot
+  see: a decoy that hands out batches as large as the ones the model is given.
 - clock: every rank's age by the observer's clock agrees with the kernel's account of it
   (observations.clock_disagreement): the harness's timings are the time's. Not verified where
   /proc did not say.
@@ -127,10 +138,16 @@ def checks(observations: Observations, expected_backend: str, expected_world_siz
     """Every data-parallel check, judged from the observations (and `checkpoints`: the evaluator's
     loading of the saved files, accuracy.py; None where it was not asked, no such check)."""
     ranks = [observations.ranks[r] for r in sorted(observations.ranks)]
+    inputs = check_inputs_from_loader(ranks)
+    drawn = [*check_shards(ranks, train_set_size), check_order_changes(ranks)]
+    if not inputs.passed:  # what the loader drew says nothing of what the model trained on
+        drawn = [Check(check.name, True, f"{NOT_VERIFIED}: the model trained on samples its DataLoader did not "
+                                         "hand out (inputs_from_loader), so the indices drawn prove nothing",
+                       applicable=False) for check in drawn]
     return [
         check_process_group(observations, expected_backend, expected_world_size),
-        *check_shards(ranks, train_set_size),
-        check_order_changes(ranks),
+        inputs,
+        *drawn,
         *check_replicas(ranks),
         *([] if checkpoints is None else [check_checkpoints(checkpoints)]),
         check_one_writer(ranks),
@@ -489,6 +506,28 @@ def check_trained(ranks: list[RankObservation]) -> Check:
                                   "was trained (no gradients reached it?)")
     return Check(name, True, f"every rank's parameters at exit differ from what they were before the first step "
                              f"({len(ranks)} rank(s))")
+
+
+def check_inputs_from_loader(ranks: list[RankObservation]) -> Check:
+    name = "inputs_from_loader"
+    counted = {r.rank: [p.samples for p in r.training_epochs if "trained_forwards" in p.samples] for r in ranks}
+    unknown = [rank for rank, passes in counted.items() if not sum(s["trained_forwards"] for s in passes)]
+    if not ranks or unknown:
+        return Check(name, True, f"{NOT_VERIFIED}: the observer counted no forward with gradients in a training "
+                                 f"epoch on rank {_join(unknown) or '(none)'} (an observer older than this count, a "
+                                 "compiled or scripted model, a model given keyword arguments only)", applicable=False)
+    for rank, passes in counted.items():
+        forwards = sum(s["trained_forwards"] for s in passes)
+        oversized = sum(s.get("oversized", 0) for s in passes)
+        if 2 * oversized > forwards:  # most forwards: a last batch fetched ahead of its step is one
+            largest = max(passes, key=lambda s: s.get("largest", 0))
+            return Check(name, False, f"harness observed {oversized} of rank {rank}'s {forwards} forwards with "
+                                      f"gradients in its training epochs given more samples than the batch its "
+                                      f"DataLoader had just handed out ({largest.get('largest')} against "
+                                      f"{largest.get('batch_most')}): the model trained on data the loader did not "
+                                      "hand out (a decoy loader beside the real data?)")
+    return Check(name, True, f"every forward with gradients was given at most the samples of the batch its "
+                             f"DataLoader had just handed out ({len(ranks)} rank(s))")
 
 
 def check_replicas_in_step(ranks: list[RankObservation]) -> Check:

@@ -53,6 +53,9 @@ class LoaderPass:
     # where the observer counted them: distlab_observer/libraries.py); None: not known.
     forwards: int | None = None
     autocast: tuple[str, ...] = ()
+    # Of those, the ones with gradients on given a tensor, and how many of them were given more samples
+    # than the batch the loop had just received held; the largest such, beside that batch's most.
+    samples: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -136,6 +139,14 @@ def read_rank_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def _samples(seen: Any) -> dict[str, int]:
+    """A pass's counts of the samples its forwards were given (libraries.py), integers only."""
+    if not isinstance(seen, dict):
+        return {}
+    return {key: int(seen[key]) for key in ("trained_forwards", "oversized", "largest", "batch_most")
+            if isinstance(seen.get(key), int) and not isinstance(seen.get(key), bool)}
+
+
 def load(observe_dir: Path | str) -> Observations:
     """Every rank.<r>.json the observer wrote under observe_dir, and its error files."""
     directory = Path(observe_dir)
@@ -154,7 +165,8 @@ def load(observe_dir: Path | str) -> Observations:
                                    p["batch_sizes"], p["indices"], p.get("started"), p.get("step_times", []),
                                    p.get("step_images", []), p.get("steps_before"),
                                    (seen.get(str(i)) or {}).get("forwards", 0 if data.get("libraries") else None),
-                                   tuple((seen.get(str(i)) or {}).get("autocast", ())))
+                                   tuple((seen.get(str(i)) or {}).get("autocast", ())),
+                                   _samples(seen.get(str(i))))
                         for i, p in enumerate(data["loader_passes"])],
                 saves=data["saves"], model=data["model"], errors=data["errors"], stopped=data.get("stopped"),
                 loads=data.get("loads", []), libraries=data.get("libraries") or {},

@@ -229,8 +229,11 @@ class Libraries:
             current = self.observer.last_batch_from
             if current is None:
                 return
-            seen = self.per_pass.setdefault(id(current), {"forwards": 0, "autocast": []})
+            seen = self.per_pass.setdefault(id(current), {"forwards": 0, "autocast": [], "trained_forwards": 0,
+                                                          "oversized": 0, "largest": 0, "batch_most": 0})
             seen["forwards"] += 1
+            if torch.is_grad_enabled() and current.batch_rows is not None:
+                self._count_samples(seen, args, current.batch_rows)
             if torch.is_autocast_enabled(device_type):
                 dtype = str(torch.get_autocast_dtype(device_type)).removeprefix("torch.")
                 if dtype not in seen["autocast"]:
@@ -238,6 +241,27 @@ class Libraries:
 
         model.register_forward_pre_hook(forward_pre_hook)
         self.forward_hooked = True
+
+    def _count_samples(self, seen: dict[str, Any], args: Any, batch: tuple[int, frozenset[int]]) -> None:
+        """A forward that can train (gradients on): was it given more samples than the batch the loop
+        received last held? Then the model trained on data the observed loader did not hand out (a
+        decoy loader iterated beside data taken elsewhere: issue 44). Where the first tensor argument's
+        first or second dimension (a sequence-first model takes [T, B, ...]) is one of the batch's
+        leading sizes, it is the batch's samples, whole or split; else its first dimension counts. A
+        forward given only keyword arguments is not counted."""
+        torch = self.observer.torch
+        tensor = next((a for a in _flat(args) if isinstance(a, torch.Tensor) and a.dim() >= 1), None)
+        if tensor is None:
+            return
+        most, sizes = batch
+        seen["trained_forwards"] += 1
+        if any(int(size) in sizes for size in tensor.shape[:2]):
+            return  # the batch's samples, split or whole (micro-batches, a second pass over them)
+        given = int(tensor.shape[0])
+        if given > most:
+            seen["oversized"] += 1
+            if given > seen["largest"]:
+                seen["largest"], seen["batch_most"] = given, most
 
     # ------------------------------------------------------------------------------------ saves
 
@@ -278,3 +302,16 @@ class Libraries:
                 "first_step_params_sha256": self.first_step_params, "compiled": self.compiled,
                 "worker_start_seconds": round(self.worker_start_seconds, 3),
                 "forwards_counted": self.forward_hooked, "passes": passes}
+
+
+def _flat(args: Any) -> list[Any]:
+    """A forward's positional arguments, with one level of tuples, lists and dicts opened."""
+    found: list[Any] = []
+    for arg in args:
+        if isinstance(arg, (tuple, list)):
+            found.extend(arg)
+        elif isinstance(arg, dict):
+            found.extend(arg.values())
+        else:
+            found.append(arg)
+    return found

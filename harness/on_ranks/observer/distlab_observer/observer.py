@@ -165,7 +165,7 @@ class PassRecorder:
 
     __slots__ = ("loader", "dataset", "dataset_len", "sampler", "indices", "batch_lengths", "yielded",
                  "steps_start", "steps_end", "non_integer", "started", "images_yielded", "step_times",
-                 "step_images", "now")
+                 "step_images", "now", "batch_rows")
 
     def __init__(self, loader: int, dataset: int, dataset_len: int | None, sampler: str, steps: int,
                  now: Callable[[], float] = _clock) -> None:
@@ -182,6 +182,9 @@ class PassRecorder:
         self.images_yielded = 0  # samples in the batches the loop has received so far
         self.step_times = array("d")  # when each optimizer step taken during this pass ended
         self.step_images = array("q")  # images_yielded at that step
+        # The leading sizes of the tensors in the batch the loop received last: a forward with gradients
+        # given more samples than that trained on data this loader did not hand out (libraries.py).
+        self.batch_rows: tuple[int, frozenset[int]] | None = None
 
     def yielded_batch(self) -> None:
         if self.yielded < len(self.batch_lengths):  # a loader hands batches out in the order it drew them
@@ -359,7 +362,7 @@ class Observer:
             except BaseException:
                 observer._end_of_batch(self, yielded=False)  # the pass ended: the steps up to here count
                 raise
-            observer._end_of_batch(self, yielded=True)
+            observer._end_of_batch(self, yielded=True, batch=batch)
             return batch
 
         base._next_index, base.__next__ = _next_index, __next__
@@ -380,12 +383,13 @@ class Observer:
         self.passes.append(new)
         return new
 
-    def _end_of_batch(self, iterator: Any, yielded: bool) -> None:
+    def _end_of_batch(self, iterator: Any, yielded: bool, batch: Any = None) -> None:
         current = iterator.__dict__.get("_distlab_pass")
         if current is not None:
             current[1].steps_end = self.steps
             if yielded:
                 current[1].yielded_batch()
+                current[1].batch_rows = self.guard("batch rows", batch_rows, self.torch, batch)
                 self.last_batch_from = current[1]
 
     def _hook_optimizer(self, torch: Any) -> None:
@@ -628,6 +632,30 @@ def _params_digest(torch: Any, optimizers: list[Any]) -> str:
                     digest.update(f"{tensor.dtype}{tuple(tensor.shape)}\0".encode())
                     digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
     return digest.hexdigest()
+
+
+def batch_rows(torch: Any, batch: Any) -> tuple[int, frozenset[int]]:
+    """The samples a batch holds, as the most a model given them could be given at once, and the
+    leading size of each of its tensors (tuples, lists and dicts of them, a few levels deep).
+
+    The most is the sum of the leading sizes of its tensors of two or more dimensions (inputs, two
+    views of one image: a contrastive program concatenates them), or where it has none, the largest
+    leading size (a batch of indices, or of one feature each); labels do not add to it."""
+    rows: list[tuple[int, int]] = []
+    stack, seen = [(batch, 0)], 0
+    while stack and seen < 64:  # a batch is a few tensors: a bound, not a limit honest batches meet
+        item, depth = stack.pop()
+        seen += 1
+        if isinstance(item, torch.Tensor):
+            if item.dim() >= 1:
+                rows.append((int(item.shape[0]), item.dim()))
+        elif depth < 3 and isinstance(item, (tuple, list)):
+            stack.extend((element, depth + 1) for element in item)
+        elif depth < 3 and isinstance(item, dict):
+            stack.extend((element, depth + 1) for element in item.values())
+    inputs = [size for size, dims in rows if dims >= 2]
+    most = sum(inputs) if inputs else max((size for size, _ in rows), default=0)
+    return most, frozenset(size for size, _ in rows)
 
 
 def _kernel_age() -> float | None:
