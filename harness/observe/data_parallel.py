@@ -29,6 +29,11 @@ The rules, per check:
   training epochs (a DistributedSampler without set_epoch repeats its permutation). With fewer
   than two training epochs there is nothing to compare: the check is not applicable, which
   counts as passed (`applicable` is False and the detail says so; a grader shows it as n/a).
+- The pass records the three checks above rest on are held against the line the observer streamed
+  on the rank's stderr when each pass ended (observations.verify_passes): where a record differs (the
+  program changed it in its process before exit), or a pass's line never came although the harness
+  collected the run's lines, the three are not verified (not applicable, never passed), and a record
+  that differs fails the observer check.
 - replicas_identical: the model every rank evaluated, saved or reported is one model. Every rank's
   final parameters are bitwise equal, and so are its buffers, unless a rank holding buffers other
   than rank 0's did nothing with them: no evaluation pass (a loader pass without a step) after
@@ -76,7 +81,8 @@ The rules, per check:
 - clock: every rank's age by the observer's clock agrees with the kernel's account of it
   (observations.clock_disagreement): the harness's timings are the time's. Not verified where
   /proc did not say.
-- observer: the observer itself ran without an error on every rank and all its files were readable.
+- observer: the observer itself ran without an error on every rank, all its files were readable, and
+  every pass record matched the line streamed when the pass ended.
 """
 
 from __future__ import annotations
@@ -298,7 +304,16 @@ def _epochs(ranks: list[RankObservation]) -> tuple[int, str]:
     return (min(counts.values()) if counts else 0), ""
 
 
+def _passes_unverified(ranks: list[RankObservation]) -> str | None:
+    """Why the pass records these checks rest on cannot be taken (observations.verify_passes), or None."""
+    return next((r.passes_unverified for r in ranks if r.passes_unverified), None)
+
+
 def check_shards(ranks: list[RankObservation], train_set_size: int | None) -> list[Check]:
+    unverified = _passes_unverified(ranks)
+    if unverified:
+        return [Check(name, True, f"{NOT_VERIFIED}: {unverified}", applicable=False)
+                for name in ("shards_disjoint", "shards_cover")]
     epochs, note = _epochs(ranks)
     if not epochs:
         why = "harness observed no training epoch (no loader pass with an optimizer step) on " + (
@@ -348,6 +363,9 @@ def check_shards(ranks: list[RankObservation], train_set_size: int | None) -> li
 
 def check_order_changes(ranks: list[RankObservation]) -> Check:
     name = "order_changes_per_epoch"
+    unverified = _passes_unverified(ranks)
+    if unverified:
+        return Check(name, True, f"{NOT_VERIFIED}: {unverified}", applicable=False)
     epochs, note = _epochs(ranks)
     if epochs < 2:
         return Check(name, True, f"not applicable: {epochs} training epoch(s) observed, 2 or more needed to compare",

@@ -10,7 +10,10 @@ Everything in the observe directory was written where the program runs, so it is
 program's own output: each file through harness/files.py (a regular file, never through a link,
 bounded), each rank's file checked against harness/schemas/observations.schema.json (the format's
 one definition; the file names are the observer's fileformat.py). A file that breaks either is a
-problem of the run, never a crash of the grader.
+problem of the run, never a crash of the grader. Each loader pass a rank file records is held against
+the line its process streamed on stderr when the pass ended, which the harness kept from the
+launcher's output as it arrived (fileformat.PASS_NOTES_FILE, written by the harness once the run had
+ended): `verify_passes`.
 
 Throughput, timed by the harness (`throughput`): on each rank, the images of the training batches
 received after the run's first WARMUP_STEPS optimizer steps, over the time the training passes took
@@ -28,12 +31,22 @@ from pathlib import Path
 from typing import Any
 
 from harness import files, schema_check
-from harness.on_ranks.observer.distlab_observer.fileformat import ERRORS_FILES, RANK_FILES, SPAWN_FILES, WEIGHTS_FILE
+from harness.on_ranks.observer.distlab_observer.digests import pass_digest
+from harness.on_ranks.observer.distlab_observer.fileformat import (
+    ERRORS_FILES,
+    PASS_NOTES_FILE,
+    RANK_FILES,
+    SPAWN_FILES,
+    STOPPED_DIR,
+    WEIGHTS_FILE,
+    parse_pass_line,
+)
 from harness.on_ranks.observer.distlab_observer.fileformat import SCHEMA as OBSERVATIONS_SCHEMA
 
 WARMUP_STEPS = 3  # the first optimizer steps of a run, left out of its throughput (start-up)
 RANK_FILE_LIMIT = 64 << 20  # bytes of one rank's file: a CIFAR-10 run's indices over 100 epochs are ~30 MB
 ERRORS_FILE_LIMIT = 4096  # of an observer error file, read for its first line
+PASS_NOTES_LIMIT = 4 << 20  # bytes of the harness's PASS_NOTES_FILE: PASS_LINES_KEPT lines of some 100 bytes
 
 
 @dataclass(frozen=True)
@@ -73,6 +86,9 @@ class RankObservation:
     # The parameters' digests before the first step, after sampled steps and at exit, and the process's
     # age on the observer's clock and the kernel's (observer.py, _training_evidence); None: not taken.
     training: dict[str, Any] | None = None
+    # Why its pass records cannot be taken as observed (`verify_passes`: a pass changed after its line was
+    # streamed, or no line came for it); None: each matched its line, or no lines were collected at all.
+    passes_unverified: str | None = None
 
     @property
     def training_epochs(self) -> list[LoaderPass]:
@@ -148,12 +164,14 @@ def _samples(seen: Any) -> dict[str, int]:
 
 
 def load(observe_dir: Path | str) -> Observations:
-    """Every rank.<r>.json the observer wrote under observe_dir, and its error files."""
+    """Every rank.<r>.json the observer wrote under observe_dir, each pass held against its streamed
+    line where the harness collected them, and the observer's error files."""
     directory = Path(observe_dir)
     observations = Observations(directory)
     if directory.is_symlink():  # where the folder is expected, a link: tampering, never followed
         observations.problems.append(f"{directory.name} is a symbolic link, not the observer's folder (never followed)")
         return observations
+    streamed = read_streamed_passes(directory, observations.problems)
     for path in sorted(directory.glob(RANK_FILES)):
         try:
             data = read_rank_file(path)
@@ -171,6 +189,8 @@ def load(observe_dir: Path | str) -> Observations:
                 saves=data["saves"], model=data["model"], errors=data["errors"], stopped=data.get("stopped"),
                 loads=data.get("loads", []), libraries=data.get("libraries") or {},
                 training=data.get("training"))
+            if streamed is not None:
+                observations.ranks[rank].passes_unverified = verify_passes(data, streamed, observations.problems)
         except (OSError, ValueError, KeyError, TypeError) as error:
             observations.problems.append(f"{path.name} unreadable ({type(error).__name__}: {error})")
     for path in sorted(directory.glob(SPAWN_FILES)):
@@ -184,6 +204,55 @@ def load(observe_dir: Path | str) -> Observations:
         first = files.read_text(path, ERRORS_FILE_LIMIT).splitlines()[:1]
         observations.problems.append(f"observer error in {path.name}: {first[0] if first else '?'}")
     return observations
+
+
+def read_streamed_passes(directory: Path, problems: list[str]) -> dict[tuple[int, int, int], str] | None:
+    """The pass lines the harness collected from the run's output ((rank, pid, pass) -> digest), from the
+    PASS_NOTES_FILE it wrote once the run had ended (a stopped attempt's folder reads its run's); None
+    where there is none (observations made without the harness's runner: nothing to compare with)."""
+    path = (directory.parent if directory.name == STOPPED_DIR else directory) / PASS_NOTES_FILE
+    try:
+        text = files.read_regular_file(path, PASS_NOTES_LIMIT).decode(errors="replace")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        problems.append(f"{PASS_NOTES_FILE} unreadable ({type(error).__name__}: {error})")
+        return {}
+    streamed: dict[tuple[int, int, int], str] = {}
+    for line in text.splitlines():
+        found = parse_pass_line(line)
+        if found is not None:
+            streamed.setdefault(found[:3], found[3])
+    return streamed
+
+
+def verify_passes(data: dict[str, Any], streamed: dict[tuple[int, int, int], str], problems: list[str]) -> str | None:
+    """Each of a rank file's passes against the line its process streamed when the pass ended: a pass
+    recorded otherwise (its digest differs, or the process streamed passes its record lacks) was changed
+    in the process after it ended, a problem; one without a line (the observer's descriptor closed) is
+    not evidence. Why the rank's pass records cannot be taken, or None."""
+    rank, pid = data["rank"], data.get("pid")
+    # By rank and pid: a pid alone repeats across the hosts (and the containers) of one run's ranks.
+    lines = {number: digest for (of, owner, number), digest in streamed.items() if (of, owner) == (rank, pid)}
+    changed, unstreamed = [], []
+    for number, recorded in enumerate(data["loader_passes"]):
+        try:
+            digest: str | None = pass_digest(recorded["indices"], recorded["steps"])
+        except (OverflowError, TypeError):  # no observer writes such indices
+            digest = None
+        if number not in lines:
+            unstreamed.append(number)
+        elif lines[number] != digest:
+            changed.append(number)
+    changed += sorted(number for number in lines if number >= len(data["loader_passes"]))
+    if changed:
+        problems.append(f"rank {rank}'s record of loader pass {', '.join(map(str, changed[:5]))} differs from what "
+                        f"the observer streamed when the pass ended: changed in the process (pid {pid}) before exit")
+        return f"rank {rank}'s record of loader pass {changed[0]} changed after the pass ended"
+    if unstreamed:
+        return (f"no line was streamed for rank {rank}'s loader pass {unstreamed[0]} (pid {pid}): the observer's "
+                "stderr was closed or its output lost")
+    return None
 
 
 def merge(observe_dirs: list[Path]) -> Observations:

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import IO
 
 from harness.console import printable
-from harness.files import NotARegularFile, read_below, read_regular_file, replace
+from harness.files import NotARegularFile, read_below, read_regular_file, replace, write_bytes
+from harness.on_ranks.observer.distlab_observer.fileformat import (
+    PASS_LINE,
+    PASS_LINES_KEPT,
+    PASS_NOTES_FILE,
+    parse_pass_line,
+)
 from harness.run.launchers import LAUNCHERS
 from harness.run.request import RunRequest
 
@@ -42,10 +48,59 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 
 
+PASS_LINE_MARK = PASS_LINE.split(" ", 1)[0].encode()  # looked for in every line's bytes before any decoding
+
+
+class StreamedPasses:
+    """The observer's line for each loader pass (fileformat.PASS_LINE), as the launcher passed it on,
+    kept in the harness's own memory: the files of the run folder are the program's to change while
+    it runs. The first line for a rank, pid and pass stays (a line printed later never replaces it); at most
+    PASS_LINES_KEPT, so a program printing lines without end fills no memory (its passes then have no
+    line, and are not verified)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the pump adds while the harness may already write them out
+        self._digests: dict[tuple[int, int, int], str] = {}
+
+    def see(self, text: str) -> None:
+        found = parse_pass_line(text)
+        if found is None:
+            return
+        rank, pid, number, digest = found
+        with self._lock:
+            if len(self._digests) < PASS_LINES_KEPT:
+                self._digests.setdefault((rank, pid, number), digest)
+
+    def to_bytes(self) -> bytes:
+        """One PASS_LINE each, in the order they arrived: the observe folder's PASS_NOTES_FILE."""
+        with self._lock:
+            kept = list(self._digests.items())
+        return "".join(PASS_LINE.format(rank=rank, pid=pid, number=number, digest=digest) + "\n"
+                       for (rank, pid, number), digest in kept).encode()
+
+
+def keep_streamed_passes(observe_dir: Path, passes: StreamedPasses) -> str | None:
+    """Once no process of the run is left: the pass lines the harness collected, as PASS_NOTES_FILE in
+    the observe folder, by rename (a file or link the program left under that name is replaced, never
+    followed). Nowhere where the observer wrote nothing (no folder) or a link stands for the folder
+    (observations.load refuses it). An error to report, or None."""
+    if observe_dir.is_symlink() or not observe_dir.is_dir():
+        return None
+    target = observe_dir / PASS_NOTES_FILE
+    try:
+        write_bytes(target, passes.to_bytes())
+    except OSError as error:
+        with contextlib.suppress(OSError):  # whatever the program left there is not the harness's
+            target.unlink()
+        return f"{PASS_NOTES_FILE}: {error.strerror or error}"
+    return None
+
+
 class OutputPump(threading.Thread):
     """Drain the launcher's output as bytes, whatever they are: written to the logs as received,
-    decoded (with replacement) only to show them. A sink that fails (a full disk) is dropped and
-    the error kept; the pipe is always drained, so the launcher never blocks on it."""
+    decoded (with replacement) only to show them, and each line looked at for the observer's pass
+    lines (`passes`). A sink that fails (a full disk) is dropped and the error kept; the pipe is
+    always drained, so the launcher never blocks on it."""
 
     def __init__(self, stream: IO[bytes], sinks: list[IO[bytes]], echo: bool,
                  on_line: Callable[[str], None] | None) -> None:
@@ -53,6 +108,7 @@ class OutputPump(threading.Thread):
         self.stream, self.sinks, self.echo, self.on_line = stream, sinks, echo, on_line
         self.errors: list[str] = []
         self.bytes = 0
+        self.passes = StreamedPasses()
 
     def run(self) -> None:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -80,19 +136,20 @@ class OutputPump(threading.Thread):
                     sys.stdout.flush()
                 except (OSError, ValueError):  # nobody reads our output any more (a closed pipe)
                     self.echo = False
-            if self.on_line:
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                if len(pending) > 1 << 16:  # a line without end: shown in pieces
-                    lines.append(pending)
-                    pending = b""
-                for line in lines:
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            if len(pending) > 1 << 16:  # a line without end: shown in pieces
+                lines.append(pending)
+                pending = b""
+            for line in lines:
+                if PASS_LINE_MARK in line:
+                    self.passes.see(line.decode(errors="replace"))
+                if self.on_line:
                     try:
                         self.on_line(printable(line.decode(errors="replace").rstrip("\r")))
                     except Exception as error:  # the caller's display failed; the output still flows
                         self.errors.append(f"on_line: {type(error).__name__}: {error}")
                         self.on_line = None
-                        break
 
 
 # Of each part of a rank's log, the tail kept: a lab's smoke run prints a few KiB, a full one under 1

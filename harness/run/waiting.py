@@ -17,9 +17,10 @@ import psutil
 
 from harness.files import write_bytes
 from harness.run import cpu_time
-from harness.run.output import OutputPump
+from harness.run.output import OutputPump, keep_streamed_passes
 from harness.run.processes import RunProcesses, StopSignals, stop_run, subreaper
 from harness.run.rendezvous import serve_store
+from harness.run.run_dir import OBSERVE_DIR
 from harness.run.state import Outcome, PreparedRun
 
 
@@ -79,6 +80,11 @@ def launch_and_wait(run: PreparedRun, outcome: Outcome, caught: StopSignals, ech
         if pump is not None:
             pump.join(timeout=5)
             outcome.errors += pump.errors
+            # After stop_run: no process of the run is left to change the file once it is written.
+            if request.observe:
+                kept = keep_streamed_passes(run.run_dir / OBSERVE_DIR, pump.passes)
+                if kept:
+                    outcome.errors.append(kept)
         for sink in sinks:
             with contextlib.suppress(OSError, ValueError):
                 sink.close()

@@ -5,6 +5,8 @@ rank's file against harness/schemas/observations.schema.json, the format's one d
 Standard library only, nothing at import: the grader imports this module by itself.
 """
 
+import re
+
 SCHEMA = "distlab-observations"  # each rank file's "schema"
 SCHEMA_VERSION = 3  # 2: every rank's final weights, the steps at each save and before each pass, a stop;
 # 3: the libraries seen (libraries.py: forwards and autocast per pass, DDP, no_sync, saves), the backend config
@@ -25,3 +27,23 @@ SPAWN_FILES = "spawn.*.json"
 STOP_AFTER_EPOCHS = "DISTLAB_STOP_AFTER_EPOCHS"
 STOPPED_DIR = "stopped"
 STOP_EXIT_CODE = 75  # EX_TEMPFAIL: "try again"
+# Each loader pass, when it ends (and each pass still open at exit, then), one PASS_LINE on the rank's
+# stderr, written through a descriptor the observer took when it loaded: evidence that leaves the
+# process as it happens, so that a record rewritten before exit shows (issue 44). The harness collects
+# the lines from the launcher's output as they arrive (harness/run/output.py: the first line for each
+# rank, pid and pass is kept, at most PASS_LINES_KEPT; a pid alone repeats across hosts and
+# containers) and writes them, once no process of the run is left, to PASS_NOTES_FILE in the observe
+# directory (one PASS_LINE each); observations.py compares each recorded pass with them
+# (digests.pass_digest). The observer never writes PASS_NOTES_FILE.
+PASS_LINE = "distlab-observer: rank={rank} pid={pid} pass={number} sha256={digest}"
+PASS_NOTES_FILE = "passes-streamed.txt"
+PASS_LINES_KEPT = 20_000  # 100 epochs of two loaders on 64 ranks is 12,800; some 90 bytes a line
+_PASS_LINE = re.compile(r"distlab-observer: rank=(\d{1,10}) pid=(\d{1,10}) pass=(\d{1,10}) sha256=([0-9a-f]{64})")
+
+
+def parse_pass_line(text: str) -> tuple[int, int, int, str] | None:
+    """(rank, pid, pass number, digest) of the PASS_LINE found anywhere in `text` (after a launcher's prefix
+    such as torchrun's "[default0]:", or the unfinished line the program had written before it); None
+    where there is none."""
+    found = _PASS_LINE.search(text)
+    return (int(found[1]), int(found[2]), int(found[3]), found[4]) if found else None

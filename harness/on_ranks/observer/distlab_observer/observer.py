@@ -24,7 +24,12 @@ wait for the program to import torch (and horovod.torch); nothing is imported be
   ...: compared across ranks, the replicas must be equal during training, not only at the end), and
   the process's age on the observer's clock beside the kernel's account of it (/proc);
 - at exit, whether each of its hooks is still its own: one a program replaced is an error of the
-  observer's (the checks then say so), never a silent gap.
+  observer's (the checks then say so), never a silent gap;
+- as each loader pass ends (its iterator's StopIteration, its next pass, or the iterator dropped; a
+  pass still open, at exit), one line with the pass's digest (fileformat.PASS_LINE: the indices kept
+  and the steps, digests.pass_digest) on this process's stderr, through a descriptor taken when this
+  module loads: the harness keeps the lines as the launcher passes them on and holds each recorded
+  pass against its line, so a record rewritten before exit shows (issue 44, "rewrites the observer").
 
 The observer's clock (time.perf_counter) and the os functions it reads /proc with are taken when
 this module loads, before the program's first line: a program that slows time.perf_counter slows
@@ -35,7 +40,8 @@ training epochs are done, at the first optimizer step of the next, the observer 
 attempt's observations to <directory>/stopped/ and ends the rank (fileformat.STOP_EXIT_CODE), as a
 failure would; torchrun then starts every rank again, and the program resumes from its checkpoint.
 
-Everything goes to <directory>/rank.<r>.json at exit, written atomically; nothing is written per step.
+Everything goes to <directory>/rank.<r>.json at exit, written atomically; nothing is written per step
+(a line per loader pass on stderr, above).
 The hooks cost a list append per batch, a clock read and two array appends per step. Any failure of
 the observer is caught and written to <directory>/observer-errors.<pid>.txt: the program runs as it
 would without it.
@@ -52,13 +58,15 @@ import os
 import sys
 import time
 import traceback
+import weakref
 from array import array
 from collections.abc import Callable
 from typing import Any
 
-from .digests import state_digest
+from .digests import pass_digest, state_digest
 from .fileformat import (
     ERRORS_FILE,
+    PASS_LINE,
     RANK_FILE,
     RANK_WEIGHTS_FILE,
     SCHEMA,
@@ -75,7 +83,20 @@ _os_replace = os.replace  # the real one: ours is hooked once torch loads
 # The clock, taken before the program's first line runs (sitecustomize imports this module): a program
 # that slows time.perf_counter slows its own timing, not the harness's (issue 44, "slows its own clock").
 _clock = time.perf_counter
-_os_open, _os_read, _os_close, _getpid = os.open, os.read, os.close, os.getpid
+_os_open, _os_read, _os_close, _os_write, _getpid = os.open, os.read, os.close, os.write, os.getpid
+
+
+def _own_stderr() -> int | None:
+    """A descriptor of this process's stderr, taken before the program's first line: where each pass's
+    line goes (fileformat.PASS_LINE), whatever the program does with sys.stderr or descriptor 2 later."""
+    try:
+        return os.dup(2)  # not inherited across exec (PEP 446): a child's program never holds it
+    except OSError:  # no stderr at all
+        return None
+
+
+_stderr = _own_stderr()
+
 # The optimizer steps after which each rank digests the parameters the optimizers update: the
 # replicas must be equal after every step of a data-parallel run, not only at the end (a program that
 # trains each rank alone and broadcasts rank 0's state after each epoch ends with equal replicas).
@@ -165,7 +186,7 @@ class PassRecorder:
 
     __slots__ = ("loader", "dataset", "dataset_len", "sampler", "indices", "batch_lengths", "yielded",
                  "steps_start", "steps_end", "non_integer", "started", "images_yielded", "step_times",
-                 "step_images", "now", "batch_rows")
+                 "step_images", "now", "batch_rows", "announced", "iterator")
 
     def __init__(self, loader: int, dataset: int, dataset_len: int | None, sampler: str, steps: int,
                  now: Callable[[], float] = _clock) -> None:
@@ -185,6 +206,8 @@ class PassRecorder:
         # The leading sizes of the tensors in the batch the loop received last: a forward with gradients
         # given more samples than that trained on data this loader did not hand out (libraries.py).
         self.batch_rows: tuple[int, frozenset[int]] | None = None
+        self.announced = False  # its line streamed (Observer.announce): the pass is over
+        self.iterator: Any = None  # a weak reference to its loader iterator, which announces it when dropped
 
     def yielded_batch(self) -> None:
         if self.yielded < len(self.batch_lengths):  # a loader hands batches out in the order it drew them
@@ -212,14 +235,20 @@ class PassRecorder:
                 return
         self.batch_lengths.append(len(self.indices) - before)
 
-    def to_json(self) -> dict[str, Any]:
+    def kept(self) -> array:
         # Workers may have been handed batches ahead of the loop (prefetch): keep those it received.
-        kept = sum(self.batch_lengths[:self.yielded])
+        return self.indices[:sum(self.batch_lengths[:self.yielded])]
+
+    def digest(self) -> str:
+        """What the harness recomputes from to_json() (digests.pass_digest): the indices kept, the steps."""
+        return pass_digest(self.kept(), self.steps_end - self.steps_start)
+
+    def to_json(self) -> dict[str, Any]:
         return {"loader": self.loader, "dataset": self.dataset, "dataset_len": self.dataset_len,
                 "sampler": self.sampler, "batches": self.yielded, "steps": self.steps_end - self.steps_start,
                 "steps_before": self.steps_start,
                 "batch_sizes": sorted(set(self.batch_lengths[:self.yielded])), "non_integer": self.non_integer,
-                "indices": self.indices[:kept].tolist(), "started": self.started,
+                "indices": self.kept().tolist(), "started": self.started,
                 "step_times": self.step_times.tolist(), "step_images": self.step_images.tolist()}
 
 
@@ -348,6 +377,8 @@ class Observer:
             try:
                 current = self.__dict__.get("_distlab_pass")
                 if current is None or current[0] is not sampler_iter:
+                    if current is not None:  # the iterator began its next pass (persistent workers): one is over
+                        observer.guard("pass line", observer.announce, current[1])
                     current = (sampler_iter, observer._new_pass(self))
                     self.__dict__["_distlab_pass"] = current
                 current[1].add(index)
@@ -359,8 +390,9 @@ class Observer:
         def __next__(self: Any) -> Any:
             try:
                 batch = next_batch(self)
-            except BaseException:
-                observer._end_of_batch(self, yielded=False)  # the pass ended: the steps up to here count
+            except BaseException as error:
+                # The pass ended (StopIteration; another error may leave it going on): the steps up to here count.
+                observer._end_of_batch(self, yielded=False, ended=isinstance(error, StopIteration))
                 raise
             observer._end_of_batch(self, yielded=True, batch=batch)
             return batch
@@ -381,16 +413,32 @@ class Observer:
         new = PassRecorder(loader, dataset_number, dataset_len, type(inner).__name__, self.steps,
                            self.training_clock)
         self.passes.append(new)
+        # A loop that breaks off its pass drops the iterator without a StopIteration: its pass is over then.
+        new.iterator = weakref.ref(iterator, lambda _: self.guard("pass line", self.announce, new))
         return new
 
-    def _end_of_batch(self, iterator: Any, yielded: bool, batch: Any = None) -> None:
+    def _end_of_batch(self, iterator: Any, yielded: bool, batch: Any = None, ended: bool = False) -> None:
         current = iterator.__dict__.get("_distlab_pass")
-        if current is not None:
+        if current is not None and not current[1].announced:  # an ended pass's record stays as streamed
             current[1].steps_end = self.steps
             if yielded:
                 current[1].yielded_batch()
                 current[1].batch_rows = self.guard("batch rows", batch_rows, self.torch, batch)
                 self.last_batch_from = current[1]
+            if ended:
+                self.guard("pass line", self.announce, current[1])
+
+    def announce(self, recorder: PassRecorder) -> None:
+        """Once a pass is over, its digest on this process's own stderr (fileformat.PASS_LINE), once: the
+        harness reads it as the launcher passes it on, before the program can change the record at exit."""
+        if recorder.announced:
+            return
+        recorder.announced = True
+        number = next((n for n, p in enumerate(self.passes) if p is recorder), None)
+        if _stderr is None or number is None:  # no stderr, or a resume cell's stop left the pass out
+            return
+        line = PASS_LINE.format(rank=self.rank(), pid=_getpid(), number=number, digest=recorder.digest())
+        _os_write(_stderr, f"{line}\n".encode())  # one write, one line: a pipe keeps it whole (PIPE_BUF)
 
     def _hook_optimizer(self, torch: Any) -> None:
         # Global hooks fire around every Optimizer.step. A wrapper optimizer whose step calls its base
@@ -559,6 +607,8 @@ class Observer:
             if not (self.process_groups or self.passes or self.steps or self.saves):
                 return  # a launcher, a DataLoader worker, a helper process
             rank = self.rank()
+            for recorder in self.passes:  # passes still open at exit (a loader iterator the program kept)
+                self.guard("pass line", self.announce, recorder)
             for what, now, ours in self.hooks:
                 if now() is not ours:
                     self.error("hooks", RuntimeError(f"{what} was replaced during the run: the observer saw nothing "
