@@ -342,3 +342,20 @@ def test_every_hand_mutation_still_finds_the_text_it_changes():
     repo = Path(__file__).resolve().parents[1]
     stale = {name: path for name, (path, old, _) in MUTATIONS.items() if (repo / path).read_text().count(old) != 1}
     assert not stale, f"tests/mutations.py: the text to replace is not found once for {stale}"
+
+
+def test_a_slowed_clock_earns_no_part_of_the_speed_point_and_a_fair_one_all_of_it():
+    from harness.classgrade import rubric
+    from harness.verdict.verdicts import Verdict
+
+    shipped = rubric.load()
+    [speed] = [item for item in shipped.items if "observed:clock" in item.checks]
+
+    def earned(clock: bool) -> float:
+        verdicts = [Verdict("ddp", 2, "run", "ok", "ok", True), Verdict("ddp", 2, "time", "12 s", "<= 60 s", True),
+                    Verdict("ddp", 2, "observed:clock", "passed" if clock else "failed", "passed", clock)]
+        if clock:  # timed only where the clocks agree (grading/samples.py): a slowed clock has no ratio
+            verdicts.append(Verdict("ddp", 2, "img_per_sec_ratio", "0.98", ">= 0.5", True))
+        return next(s.score for s in shipped.score(verdicts) if s.item is speed)
+
+    assert earned(clock=True) == speed.points and earned(clock=False) == 0.0
