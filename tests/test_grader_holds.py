@@ -325,13 +325,23 @@ def test_without_counted_forwards_inputs_from_loader_is_not_verified_never_passe
     assert not one_rank.applicable and "on rank 1" in one_rank.detail
 
 
-def test_the_rubric_pays_the_shard_item_only_for_inputs_from_the_loader():
+def test_the_shard_item_pays_nothing_for_indices_left_unverified():
+    """A pass record changed after it was streamed leaves the shard checks not verified while the model
+    did train on its loader's batches: no other check of the item may stand in for them (a passing
+    inputs_from_loader in the same item paid it in full)."""
     from harness.classgrade import rubric
+    from harness.verdict.verdicts import Verdict
 
-    [shard] = [item for item in rubric.load().items if "observed:shards_disjoint" in item.checks]
-    assert "observed:inputs_from_loader" in shard.checks and shard.points
-    [speed] = [item for item in rubric.load().items if "observed:clock" in item.checks]
-    assert not speed.partial  # a slowed clock keeps no part of the speed point for running in time
+    shipped = rubric.load()
+    [shard] = [item for item in shipped.items if "observed:shards_disjoint" in item.checks]
+    verdicts = [Verdict("ddp", 2, "run", "ok", "ok", True),
+                *(Verdict("ddp", 2, f"observed:{name}", "n/a", "passed", None, "not verified: ...")
+                  for name in ("shards_disjoint", "shards_cover", "order_changes_per_epoch")),
+                Verdict("ddp", 2, "observed:inputs_from_loader", "passed", "passed", True),
+                Verdict("ddp", 2, "observed:observer", "failed", "passed", False)]
+    scores = {s.item.name: s.score for s in shipped.score(verdicts)}
+    assert shard.points and scores[shard.name] == 0.0
+    assert any("observed:inputs_from_loader" in item.checks and item.points for item in shipped.items)
 
 
 def test_every_hand_mutation_still_finds_the_text_it_changes():
