@@ -332,7 +332,9 @@ def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
                   reference: float | None = None) -> list[Verdict]:
     """Everything checked on the runs of one lab at one world size (`reference`: see band_verdict)."""
     lab = exp.lab
-    if samples and all(s.status == NOT_RUN for s in samples):  # nothing ran: one row says why, judged n/a
+    if not samples:  # a grade stopped (Ctrl-C) before any run of this cell ended: nothing to judge
+        return [Verdict(lab, world_size, "run", NOT_RUN, "all ok", None, "no run of this cell ended")]
+    if all(s.status == NOT_RUN for s in samples):  # nothing ran: one row says why, judged n/a
         return [Verdict(lab, world_size, "run", NOT_RUN, "all ok", None, samples[0].reason or "")]
     failed = [s for s in samples if s.status != "ok"]
     verdicts = [Verdict(lab, world_size, "run", f"{len(samples) - len(failed)}/{len(samples)} ok",
