@@ -72,6 +72,7 @@ sys.exit(3)
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
                     reason="Gradescope runs run_autograder as root, and the uid sandbox needs root and setpriv")
 @pytest.mark.integration
+@pytest.mark.timeout(960)  # its grade's own limit is 900 s
 def test_the_bundle_grades_a_submission_in_gradescope_s_tree_with_the_uid_sandbox(tmp_path, python_others_may_run):
     made = subprocess.run([DISTLAB, "grade-class", str(tmp_path / "none"), "--autograder", str(tmp_path / "ag.zip"),
                            "--lessons", LESSONS], capture_output=True, text=True, timeout=300)

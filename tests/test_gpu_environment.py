@@ -141,6 +141,7 @@ def test_the_install_refuses_in_one_line_and_installs_nothing(case, message, gpu
 
 @pytest.mark.integration
 @pytest.mark.long
+@pytest.mark.timeout(1260)  # the acceptance's own limit is 1200 s
 def test_the_acceptance_runs_from_the_install_and_returns_what_its_out_folder_should(gpu_wheels, tmp_path):
     """docker/gpu-acceptance.sh's two commands on this host's Python, --cpu-proxy: the install, then
     the wheel's `distlab acceptance` from a folder outside any checkout, PYTHONPATH the install alone:

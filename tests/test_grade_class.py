@@ -178,6 +178,8 @@ def graded(tmp_path_factory):
     for path in HOSTILE.glob("*.py"):
         if path.stem != "sleeps_forever":
             shutil.copy(path, submissions / f"{path.stem.replace('_', '-')}.py")
+    with (submissions / "nan-clock.py").open("a") as nan_clock:  # then trains as alice does (its docstring)
+        nan_clock.write("\n" + CORRECT.read_text())
     unused_parameters_mutant(submissions / "dave.py")
     (submissions / "carol").mkdir()  # a wrong layout: two programs, neither train.py
     for name in ("a.py", "b.py"):
@@ -225,10 +227,12 @@ def test_each_hostile_submission_is_contained_and_named_in_its_own_feedback(grad
     assert "wrong layout: 2 .py files and none is train.py" in book["carol"]["reason"]
     assert "wrote more than" not in book["sparse-logs"]["reason"]  # the grader's copies of its logs are bounded
     # nan_clock.py: since #44 the observer's clock is its own, taken before the program's first line: the
-    # NaN it sets never reaches the step times, and the course lab it runs is graded for what it did (a
-    # file with NaN in it is refused by the one JSON reader: test_untrusted.py).
+    # NaN it sets never reaches the step times, and the correct program it runs earns what alice does, item
+    # for item (a file with NaN in it is refused by the one JSON reader: test_untrusted.py).
     assert book["nan-clock"]["status"] == "graded", book["nan-clock"]
     assert "unreadable" not in book["nan-clock"]["reason"] and "clock" not in book["nan-clock"]["reason"]
+    items = [name for name in book["alice"] if name not in ("id", "score", "status", "reason", "speed")]
+    assert all(book["nan-clock"][item] == book["alice"][item] for item in items), (book["nan-clock"], book["alice"])
 
 
 @needs_sandbox

@@ -101,6 +101,10 @@ def profile_of(tmp_path: Path, shipped: str, rows: list[str], world_size: int, t
     return path
 
 
+# A grade of many rows: 7 to 8 minutes in CI beside two other workers, near pytest's default limit (600 s).
+GRADE_TIMEOUT_S = 1500
+
+
 def grade(tmp_path: Path, profile: Path, programs: dict[str, Path], timeout: float) -> dict:
     done = run_distlab(["grade", "--profile", str(profile), "--results", str(tmp_path / "results"),
                         "--repeats", "1",
@@ -121,13 +125,14 @@ NOISY = ("img_per_sec_ratio", "efficiency", "time")
 
 @pytest.mark.integration
 @pytest.mark.long
+@pytest.mark.timeout(GRADE_TIMEOUT_S + 60)
 def test_each_mistake_fails_with_its_reason_and_correct_programs_pass(tmp_path):
     scratch = REPO / "tests/programs/ddp_program.py"  # from scratch: not one line of labs/
     assert "import labs" not in scratch.read_text() and "from labs" not in scratch.read_text()
     profile = profile_of(tmp_path, "cpu-smoke", list(MUTANTS), 2, scratch={
         "lab": "ddp", "world_sizes": [2], "args": ["--checkpoint", "{run_dir}/checkpoint.pt"], "time_budget_s": 300})
     programs = {name: mutant(tmp_path, name, changes) for name, (changes, _) in MUTANTS.items()}
-    result = grade(tmp_path, profile, {**programs, "scratch": scratch}, timeout=1500)
+    result = grade(tmp_path, profile, {**programs, "scratch": scratch}, timeout=GRADE_TIMEOUT_S)
     rows = result["rows"]
     assert result["returncode"] == 1, result["stdout"]  # the mutants fail the grade
 
@@ -165,9 +170,11 @@ def test_each_mistake_fails_with_its_reason_and_correct_programs_pass(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.alone  # a speed verdict: the other workers' runs would slow the lab or the program
+@pytest.mark.timeout(GRADE_TIMEOUT_S + 60)
 def test_a_program_twice_slower_fails_on_throughput_against_its_own_reference(tmp_path):
     profile = profile_of(tmp_path, "cpu-smoke", ["twice-slower"], 2, timed=("twice-slower",))
-    result = grade(tmp_path, profile, {"twice-slower": mutant(tmp_path, "twice-slower", SLOWER)}, timeout=1500)
+    result = grade(tmp_path, profile, {"twice-slower": mutant(tmp_path, "twice-slower", SLOWER)},
+                   timeout=GRADE_TIMEOUT_S)
     verdict = result["rows"]["twice-slower"]["img_per_sec_ratio"]
     assert verdict["passed"] is False, verdict
     assert verdict["expected"] == f">= {PROGRAM_RATIO_FLOOR:g} x reference", verdict  # the course lab's rate
@@ -183,6 +190,7 @@ LEARNING_ROWS = ["ddp", "label-noise"]
 
 @pytest.mark.integration
 @pytest.mark.long
+@pytest.mark.timeout(GRADE_TIMEOUT_S + 60)
 def test_a_program_that_learns_less_fails_on_the_accuracy_the_harness_measured(tmp_path):
     # Every training label replaced by a random one: the run is as fast and as well-formed as the
     # lab's, and its record tells the truth; only the accuracy of its weights gives it away. At world
@@ -191,7 +199,7 @@ def test_a_program_that_learns_less_fails_on_the_accuracy_the_harness_measured(t
                                               "0, 10, train_set.labels.shape, generator=torch.Generator()"
                                               ".manual_seed(7))")])
     result = grade(tmp_path, profile_of(tmp_path, "cpu-grade", LEARNING_ROWS, 1), {"label-noise": noisy},
-                   timeout=1500)
+                   timeout=GRADE_TIMEOUT_S)
     rows = result["rows"]
     assert rows["ddp"]["final_accuracy"]["passed"] is True, rows["ddp"]["final_accuracy"]
     verdict = rows["label-noise"]["final_accuracy"]
