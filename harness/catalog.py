@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.usage import UsageError
+from harness.usage import UsageError, did_you_mean
 from labs.common.backends import ALL_BACKENDS, TORCH_BACKENDS
 from labs.common.host import REPO
 
@@ -72,7 +72,7 @@ LABS = {lab.name: lab for lab in [
 def find_lab(name: str) -> Lab:
     """The catalog's lab of that name, else UsageError listing them: the one rule for every command."""
     if name not in LABS:
-        raise UsageError(f"unknown lab {name!r}; choose one of: {', '.join(LABS)}")
+        raise UsageError(f"unknown lab {name!r}{did_you_mean(name, LABS)}; choose one of: {', '.join(LABS)}")
     return LABS[name]
 
 

@@ -6,18 +6,34 @@ A UsageError is one line naming the fix; the CLI prints it and exits 2 before an
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 class UsageError(Exception):
     """Bad input: one line naming the fix, exit code 2, nothing started."""
 
 
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' (did you mean 'ddp'?)' for the choices closest to a misspelt word, '' when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=3)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line instead of argparse's usage block
         raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's check of a value against its choices, naming the closest choice of a misspelt one."""
+        choices = action.choices
+        if choices is not None and value not in choices and isinstance(value, str):
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{did_you_mean(value, map(str, choices))} "
+                                                 f"(choose from {', '.join(map(repr, choices))})")
+        super()._check_value(action, value)
 
 
 def positive_int(text: str) -> int:

@@ -3,6 +3,7 @@
 import re
 
 import pytest
+from conftest import run_distlab
 
 from harness import usage
 from harness.commands import cli
@@ -99,14 +100,36 @@ def test_completion_knows_the_labs(capsys):
 
 
 def test_every_command_help_has_an_example(capsys):
-    """Every command `distlab --help` lists, asked for its help as a person would: an example of itself."""
-    names = re.search(r"\{([a-z,-]+)\}", cli.build_parser().format_usage()).group(1).split(",")
+    """Every command `distlab --help` lists, asked for its help as a person would: an example of itself,
+    and each default as it is typed (1,2,4 and 900), never as Python shows it ([1, 2, 4], 900.0, [])."""
+    names = re.findall(r"^    ([a-z-]+)(?: |$)", cli.build_parser().format_help(), re.MULTILINE)
     assert {"run", "grade", "grade-class", "calibrate", "template", "scale", "bench", "completion"} <= set(names)
     for name in names:
         with pytest.raises(SystemExit) as done:
             cli.main([name, "--help"])
         assert done.value.code == 0, name
-        assert re.search(rf"examples:\n  distlab {name}\b", capsys.readouterr().out), name
+        out = capsys.readouterr().out
+        assert re.search(rf"examples:\n  distlab {name}\b", out), name
+        assert not re.search(r"default:? [\[(]|default:? \d+\.0\b", out), (name, out)
+
+
+def test_distlab_alone_lists_the_commands_on_stderr_and_exits_2(tmp_path):
+    done = run_distlab([], cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("usage: distlab") and "error" not in done.stderr
+    assert re.findall(r"^    ([a-z-]+)(?: |$)", done.stderr, re.MULTILINE) == list(cli.COMMANDS)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["run", "ddpp", "-n", "2"], "argument lab: invalid choice: 'ddpp' (did you mean 'ddp'?) (choose from 'check'"),
+    (["grde"], "invalid choice: 'grde' (did you mean 'grade'?)"),
+    (["run", "check", "-n", "2", "--launcher", "torchrn"], "invalid choice: 'torchrn' (did you mean 'torchrun'?)"),
+])
+def test_a_misspelt_choice_is_one_line_naming_the_closest(argv, message, tmp_path):
+    done = run_distlab(argv, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert message in done.stderr
+    assert not (tmp_path / "results").exists()
 
 
 def test_calibrate_refuses_a_folder_it_cannot_write_before_any_run(capsys, tmp_path, monkeypatch):

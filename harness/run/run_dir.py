@@ -55,6 +55,16 @@ def new_run_dir(results_root: Path, lab: str, world_size: int, launcher: str) ->
     raise RunRefused(f"could not claim a run directory under {base.parent}")
 
 
+def claim_results_root(results_root: Path) -> None:
+    """The results root made, with the folders above it, or RunRefused naming the fix: the one check of
+    a --results folder, for every command that writes under one (a path below a regular file stops
+    even root)."""
+    try:
+        Path(results_root).mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise RunRefused(folder_problem(Path(results_root), error)) from None
+
+
 def folder_problem(root: Path, error: OSError) -> str:
     if error.errno in (errno.ENOSPC, errno.EDQUOT):
         return f"results folder {root} is full ({error.strerror}); free some space or choose another --results"

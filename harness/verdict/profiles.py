@@ -28,6 +28,7 @@ from typing import Any
 from harness import schema_check
 from harness.run.launchers import refused_lab_arg
 from harness.schema_check import PROFILE_SCHEMA
+from harness.usage import did_you_mean
 from harness.verdict.references import PROGRAM_RATIO_FLOOR, REFERENCES
 
 if sys.version_info >= (3, 11):
@@ -403,15 +404,24 @@ def available(profile_dir: Path = PROFILE_DIR) -> list[Path]:
     return sorted(profile_dir.glob("*.toml"))
 
 
+def is_profile_path(name_or_path: str) -> bool:
+    """A --profile value that names a file (a folder in it, or .toml at its end), not a shipped profile."""
+    return "/" in name_or_path or name_or_path.endswith(".toml")
+
+
 def resolve(name_or_path: str | None, host: dict[str, Any], profile_dir: Path = PROFILE_DIR) -> Profile:
     """An explicit name or path, else the one auto-selectable profile that fits this host."""
     names = ", ".join(p.stem for p in available(profile_dir)) or "none"
+    if name_or_path and is_profile_path(name_or_path):
+        if not Path(name_or_path).exists():
+            raise ProfileError(f"no profile file {name_or_path} (it does not exist); give the path of a .toml "
+                               f"file, or a profile name: {names}")
+        return load_profile(Path(name_or_path))
     if name_or_path:
-        path = Path(name_or_path)
-        if not path.suffix:
-            path = profile_dir / f"{name_or_path}.toml"
+        path = profile_dir / f"{name_or_path}.toml"
         if not path.exists():
-            raise ProfileError(f"no profile {name_or_path!r}; profiles: {names}; "
+            close = did_you_mean(name_or_path, [p.stem for p in available(profile_dir)])
+            raise ProfileError(f"no profile {name_or_path!r}{close}; profiles: {names}; "
                                f"make one with `distlab calibrate --profile NAME`")
         return load_profile(path)
     fitting = [p for p in map(load_profile, available(profile_dir)) if p.auto_select and p.fits(host)]

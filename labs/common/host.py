@@ -12,6 +12,7 @@ import os
 import platform
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,18 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
+
+
+def setup_command(without_checkout: str) -> str:
+    """How to install what this host lacks: a checkout's `make setup` (its Makefile lies beside harness/
+    and labs/), else `without_checkout`: an installed wheel has no Makefile, and `make setup` names a
+    command its users do not have."""
+    return "run `make setup`" if (REPO / "Makefile").is_file() else without_checkout
+
+
+def pip_install(pip_args: str) -> str:
+    """pip of the Python running distlab, the one the labs run with: another pip installs elsewhere."""
+    return f"run `{sys.executable} -m pip install {pip_args}`"
 
 
 def cpu_model() -> str:
