@@ -20,7 +20,10 @@ DISTLAB = str(Path(sys.executable).parent / "distlab")
 
 # (what, command, the test that covers it)
 CASES = [
+    ("no command at all", "distlab", "tests/test_cli.py"),
     ("unknown lab", "distlab run nosuchlab -n 2", "tests/test_cli.py"),
+    ("misspelt lab", "distlab run ddpp -n 2", "tests/test_cli.py"),
+    ("misspelt command", "distlab grde", "tests/test_cli.py"),
     ("world size below 1", "distlab run check -n 0", "tests/test_cli.py"),
     ("unknown option", "distlab run check -n 2 --frobnicate", "tests/test_cli.py"),
     ("nccl without GPUs", "distlab run check -n 2 --backend nccl", "tests/test_cli.py"),
@@ -41,6 +44,12 @@ CASES = [
     ("host listed twice", "distlab run check -n 2 --backend mpi --hosts localhost:1,localhost:1",
      "tests/test_multinode.py"),
     ("unknown profile", "distlab grade --profile nosuch", "tests/test_grade.py"),
+    ("misspelt profile", "distlab grade --profile cpu-smok", "tests/test_grade_e2e.py"),
+    ("profile file that does not exist", "distlab grade --profile ./nothere.toml", "tests/test_grade_e2e.py"),
+    ("misspelt lab to grade", "distlab grade --labs ddpp", "tests/test_grade_e2e.py"),
+    ("misspelt lab for a class", "distlab grade-class {subs} --lab ddpp --no-sandbox", "tests/test_grade_class.py"),
+    ("a class's results folder that cannot be made",
+     "distlab grade-class {subs} --no-sandbox --results {a_file}/results", "tests/test_grade_class.py"),
     ("invalid profile file", "distlab grade --profile {bad_profile}", "tests/test_grade.py"),
     ("world sizes out of order", "distlab grade --world-sizes 2,1", "tests/test_grade_e2e.py"),
     ("calibrating over an existing profile", "distlab calibrate --profile cpu-smoke", "tests/test_grade_e2e.py"),
@@ -139,11 +148,13 @@ def main() -> None:
         (tmp_path / "nan.toml").write_text(profile.format(name="nan", sizes="[1, 2]", budget="nan"))
         (tmp_path / "hosts").write_bytes("n\xf6de0 slots=2\n".encode("latin-1"))
         (tmp_path / "a_file").write_text("not a folder\n")
+        (tmp_path / "subs").mkdir()
+        (tmp_path / "subs" / "alice.py").write_text("")
         values = {"bad_profile": tmp_path / "bad.toml", "empty_dir": tmp_path / "empty",
                   "corrupt_ckpt": tmp_path / "corrupt.pt", "path_profile": tmp_path / "path.toml",
                   "latin1_profile": tmp_path / "latin1.toml", "dir_profile": tmp_path / "dir.toml",
                   "repeat_profile": tmp_path / "repeat.toml", "nan_profile": tmp_path / "nan.toml",
-                  "latin1_hosts": tmp_path / "hosts", "a_file": tmp_path / "a_file"}
+                  "latin1_hosts": tmp_path / "hosts", "a_file": tmp_path / "a_file", "subs": tmp_path / "subs"}
         for what, command, test in CASES:
             argv = shlex.split(command.format(**values))
             if argv[0] == "distlab":
@@ -157,8 +168,15 @@ def main() -> None:
                                   env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}"))
             message = (done.stderr.strip() or done.stdout.strip()).splitlines()
             # make adds its own "*** Error" line after the script's message: show the message.
+            # A usage block (no command at all) is shown by its first line.
             shown = next((line for line in message if "error" in line.lower() and "***" not in line),
+                         message[0] if message and message[0].startswith("usage:") else
                          message[-1] if message else "")
+            # Paths as the command shows them, never this machine's: the temporary folder's files by
+            # name, the checkout's relative to it (the page is read on other machines).
+            for folder in sorted({str(tmp_path), os.path.realpath(tmp_path)}, key=len, reverse=True):
+                shown = shown.replace(folder + "/", "").replace(folder, ".")
+            shown = shown.replace(str(REPO) + "/", "")
             rows.append(f"| {what} | `{command.format(**{k: Path(v).name for k, v in values.items()})}` | "
                         f"{done.returncode} | {shown.replace('|', '/')} | {test} |")
     text = ["# Bad input, tried", "",
