@@ -447,6 +447,65 @@ def test_a_class_stopped_by_sigterm_resumes_where_it_stopped(tmp_path):
 
 @needs_sandbox
 @pytest.mark.integration
+def test_a_class_keeps_the_profile_it_was_graded_with_unless_another_is_given(tmp_path):
+    """Graded under a profile file of the course's own; a resume and a regrade that name none keep it
+    (on this host, whose own default is another), every output naming it; a regrade under another
+    profile judges the stored runs under that one, named everywhere; a resume under a profile the
+    stored runs were not made under grades them again."""
+    subs = tmp_path / "week4"
+    subs.mkdir()
+    shutil.copy(CORRECT, subs / "alice.py")
+    own = class_profile(tmp_path).resolve()  # stored resolved: a profile file is found by it on any host
+    results = tmp_path / "results"
+    class_dir = results / "class/week4"
+    the_rubric = class_rubric(tmp_path).resolve()
+    base = ["--rubric", str(the_rubric), "--results", str(results)]
+
+    def stored() -> tuple[dict, str, dict, list[Path]]:
+        book = {row["id"]: row for row in csv.DictReader((class_dir / "gradebook.csv").open(newline=""))}
+        return (json.loads((class_dir / "summary.json").read_text()), (class_dir / "class.html").read_text(), book,
+                sorted(class_dir.glob("jobs/*/runs/*/*")))
+
+    done = grade_class(subs, "--profile", str(own), *base)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads((class_dir / "settings.json").read_text()) == {
+        "lab": "ddp", "profile": "class-smoke", "profile_file": str(own), "world_sizes": None,
+        "rubric": str(the_rubric)}
+    summary, page, book, runs = stored()
+    assert (summary["profile"], summary["profile_file"]) == ("class-smoke", str(own))
+    assert f"profile <b>class-smoke</b> ({own})" in page and book["alice"]["status"] == "graded"
+
+    for again in (["--regrade"], []):  # a regrade, a resume: nothing given, nothing run, the same outputs
+        kept = grade_class(subs, *again, *base)
+        assert kept.returncode == 0 and "0 to grade" in kept.stdout, kept.stdout + kept.stderr
+        assert f"settings kept from the class's last grade ({class_dir / 'settings.json'}): lab ddp, " \
+               f"profile class-smoke ({own})" in kept.stdout
+        summary, page, now_book, now_runs = stored()
+        assert (summary["profile"], summary["profile_file"]) == ("class-smoke", str(own))
+        assert f"profile <b>class-smoke</b> ({own})" in page and (now_book, now_runs) == (book, runs)
+
+    other = grade_class(subs, "--regrade", "--profile", "cpu-smoke", *base)
+    assert other.returncode == 0 and "0 to grade" in other.stdout, other.stdout + other.stderr
+    assert f"the class's last grade had lab ddp, profile class-smoke ({own})" in other.stdout
+    summary, page, book, after = stored()
+    assert (summary["profile"], summary["profile_file"], after) == ("cpu-smoke", None, runs)  # nothing ran
+    assert "profile <b>cpu-smoke</b>," in page and "class-smoke" not in page
+    assert json.loads((class_dir / "settings.json").read_text())["profile"] == "cpu-smoke"
+
+    # The stored runs were made under class-smoke: a resume under a copy of it elsewhere makes them stale.
+    (tmp_path / "copy").mkdir()
+    copy = class_profile(tmp_path / "copy").resolve()
+    resumed = grade_class(subs, "--profile", str(copy), *base)
+    assert resumed.returncode == 0 and "1 to grade" in resumed.stdout, resumed.stdout + resumed.stderr
+    assert "stale and graded again" in resumed.stdout
+    assert json.loads((class_dir / "jobs/alice/job.json").read_text())["profile"] == str(copy)
+    assert (class_dir / "jobs/alice.before-1/observations.json").is_file()  # the earlier grade, set aside
+    summary, page, book, _ = stored()
+    assert summary["profile_file"] == str(copy) and f"({copy})" in page and book["alice"]["status"] == "graded"
+
+
+@needs_sandbox
+@pytest.mark.integration
 def test_a_job_leaves_nothing_in_the_kernel_for_the_next_job_of_its_uid(tmp_path):
     """Two jobs one after the other (--jobs 1: the same sandbox uid): the first may neither make a user
     namespace nor keep a key in the uid's keyring; the second finds none."""

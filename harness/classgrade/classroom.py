@@ -6,12 +6,15 @@ Slurm job array, on its node, graded there the same way (`--slurm`, cluster.py).
 
     <results>/class/<SUBMISSIONS name>/
         jobs/<id>/            the job: job.json, runs/, observations.json (its completion mark), stdout.log
+        settings.json         what its grades are computed with: lab, profile, world sizes, rubric
         gradebook.csv, class.html, summary.json, feedback/<id>.html|.md, gradescope/<id>/results.json
         slurm/<stamp>-ws<N>-<profile>/   --slurm: an array's jobs file, script, each task's output and state
 
 A class grade that is stopped resumes where it stopped (a job with observations.json for the same
-submission files is not run again); `rerun` grades some again; `regrade` recomputes every verdict and
-score from the stored observations (after a rubric or profile change) and trains nothing.
+submission files, lab, profile and world sizes is not run again); `rerun` grades some again; `regrade`
+recomputes every verdict and score from the stored observations (after a rubric or profile change)
+and trains nothing. A setting the command does not give is the class's stored one (settings.json),
+so a resume or a regrade keeps the profile the class was graded with on any host.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ from labs.common.host import fingerprint
 JOB_ERROR = "job-error.txt"  # in a job's folder: the job process failed (not the submission)
 GRADER_PATH = re.compile(r"/[^\s'\",:()]+")  # an absolute path in the grader's own error, shown to no student
 STORED_BYTES = 1 << 30  # a job's observations.json: a smoke class's are under 1 MiB, a full lab's a few MiB
+SETTINGS = "settings.json"  # in the class's folder: ClassSettings, as its grades were last computed
+DEFAULT_LAB = "ddp"  # the lab a class is graded as when neither the command nor the class names one
 
 
 @dataclass(frozen=True)
@@ -58,11 +63,11 @@ class ClassRequest:
     """What to grade: the class's folder, as which lab, against what, how many at once, where to."""
 
     submissions: Path
-    lab: str = "ddp"
-    profile: str | None = None  # a name or a .toml; None: the one that fits this host
-    rubric: Path | None = None  # None: harness/classgrade/rubrics/LAB.toml
+    lab: str | None = None  # None: the class's stored lab, else ddp
+    profile: str | None = None  # a name or a .toml; None: the class's stored one, else the one that fits this host
+    rubric: Path | None = None  # None: the class's stored one, else harness/classgrade/rubrics/LAB.toml
     jobs: int | None = None  # None: as many as the host holds
-    world_sizes: list[int] | None = None
+    world_sizes: list[int] | None = None  # None: the class's stored ones, else the profile's
     results: Path = Path("results")
     rerun: tuple[str, ...] = ()
     regrade: bool = False
@@ -78,6 +83,52 @@ class ClassRequest:
     @property
     def class_dir(self) -> Path:
         return self.results.resolve() / "class" / self.submissions.resolve().name
+
+
+@dataclass(frozen=True)
+class ClassSettings:
+    """What decides a class's verdicts and scores, stored with the class (settings.json) whenever it is
+    graded or regraded: a resume or a regrade that gives none of them keeps these, on any host."""
+
+    lab: str
+    profile: str  # the profile's name
+    profile_file: str | None  # a profile given as a .toml of its own: its absolute path (it is resolved by it)
+    world_sizes: list[int] | None  # None: the profile's
+    rubric: str | None  # a rubric given as a .toml: its absolute path; None: the lab's shipped one
+
+    @property
+    def profile_argument(self) -> str:
+        return self.profile_file or self.profile
+
+    def described(self) -> str:
+        sizes = ",".join(map(str, self.world_sizes)) if self.world_sizes else "the profile's"
+        return (f"lab {self.lab}, profile {self.profile}{f' ({self.profile_file})' if self.profile_file else ''}, "
+                f"world sizes {sizes}, rubric {self.rubric or 'the shipped one'}")
+
+
+def stored_settings(class_dir: Path) -> ClassSettings | None:
+    """The settings the class was last graded with: its settings.json; for a class graded before they
+    were stored, what its jobs agree on (job.json names the lab, the profile's file, the world sizes)."""
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        return ClassSettings(**json.loads((class_dir / SETTINGS).read_text()))
+    kept = set()
+    for path in class_dir.glob("jobs/*/job.json"):
+        if ".before-" not in path.parent.name:  # an earlier grade set aside
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                job = json.loads(path.read_text())
+                kept.add((job["lab"], job["profile"], tuple(job["world_sizes"] or ()) or None))
+    if len(kept) != 1:
+        return None
+    lab, profile_file, sizes = kept.pop()
+    with contextlib.suppress(profiles.ProfileError, OSError, ValueError):
+        name = profiles.load_profile(Path(profile_file)).name
+        return ClassSettings(lab, name, _own_file(name, Path(profile_file)), list(sizes) if sizes else None, None)
+    return None
+
+
+def _own_file(name: str, path: Path) -> str | None:
+    """A profile's file where it is none of the shipped ones (those are found by name on any checkout)."""
+    return None if path.resolve() == (profiles.PROFILE_DIR / f"{name}.toml").resolve() else str(path.resolve())
 
 
 # ------------------------------------------------------------------------------------ outcomes
@@ -156,11 +207,20 @@ class Classroom:
     stored: dict[str, dict[str, Any] | None]
     probe_plan: GradePlan | None  # a gradable student's plan: the profile and the lab checked once
     size: int  # jobs at once
+    settings: ClassSettings | None = None  # what it is graded with (None: no gradable student to grade)
+    before: ClassSettings | None = None  # what it was graded with before (its settings.json)
     outcomes: dict[str, outputs.Outcome] = dataclasses.field(default_factory=dict)  # judged once a job ends
 
     @property
     def class_dir(self) -> Path:
         return self.request.class_dir
+
+    def graded_with(self) -> dict[str, Any]:
+        """The class's settings as a job.json names them: a stored job whose own differ is stale on a
+        resume, and judged with these on a regrade (a deliberate regrade under another profile)."""
+        assert self.settings is not None  # set in open_class whenever a student is gradable
+        return {"lab": self.settings.lab, "world_sizes": self.settings.world_sizes,
+                "profile": str(self.probe_plan.profile.path) if self.probe_plan else self.settings.profile_argument}
 
     def job_for(self, student: Submission, slot: int = 0, gpus: list[int] | None = None) -> dict[str, Any]:
         request, class_dir = self.request, self.class_dir
@@ -168,16 +228,16 @@ class Classroom:
         hidden = {str(request.submissions.resolve()), str(class_dir), str(request.results.resolve())}
         return {"id": student.key, "class_id": hashlib.sha256(str(class_dir).encode()).hexdigest()[:12],
                 "submission": str(student.folder.resolve()) if student.path.is_dir() else str(student.path.resolve()),
-                "program": str(student.program.resolve()), "lab": request.lab,
-                "profile": str(self.probe_plan.profile.path) if self.probe_plan else request.profile,
-                "world_sizes": request.world_sizes, "limits": dataclasses.asdict(self.rubric.limits),
+                "program": str(student.program.resolve()), **self.graded_with(),
+                "limits": dataclasses.asdict(self.rubric.limits),
                 "folder": str(class_dir / "jobs" / student.key), "sandboxed": request.sandboxed,
                 "sandbox_mode": request.sandbox, "slot": slot,
                 "gpus": gpus, "hidden": sorted(hidden), "digest": student.digest(),
                 "deadline_s": job_deadline_s(self.probe_plan) if self.probe_plan else None}
 
     def to_grade(self) -> list[Submission]:
-        """The gradable students whose stored grade is missing, stale or asked for again (none on regrade)."""
+        """The gradable students whose stored grade is missing, stale (other files, another lab, profile,
+        world sizes or sandbox) or asked for again (none on regrade)."""
         if self.request.regrade:
             return []
         todo = []
@@ -186,6 +246,7 @@ class Classroom:
             complete = job is not None and (Path(job["folder"]) / jobs.OBSERVATIONS).is_file()
             if job is None or student.key in self.request.rerun or not complete \
                     or job.get("digest") != student.digest() \
+                    or any(job.get(key) != value for key, value in self.graded_with().items()) \
                     or job.get("sandbox_mode", "bwrap" if job.get("sandboxed") else "none") != self.request.sandbox:
                 todo.append(student)
         return todo
@@ -196,8 +257,9 @@ class Classroom:
         reason the student can read, no path of the grader's), never the class's end."""
         if student.key not in self.outcomes:
             try:
-                self.outcomes[student.key] = outcome_of(student, self.stored[student.key], self.rubric,
-                                                        self.request.sandboxed)
+                job = self.stored[student.key]
+                judged = {**job, **self.graded_with()} if job and self.settings else job
+                self.outcomes[student.key] = outcome_of(student, judged, self.rubric, self.request.sandboxed)
             except Exception as error:  # noqa: BLE001 - any error of one submission's judging is that row's
                 self.outcomes[student.key] = judging_failed(student, error, self.request.sandboxed)
         return self.outcomes[student.key]
@@ -209,10 +271,16 @@ def open_class(request: ClassRequest) -> Classroom:
     if not request.submissions.is_dir():
         raise UsageError(f"submissions folder {request.submissions} does not exist "
                          "(one folder or .py file per student)")
-    find_lab(request.lab)
-    rubric_path = request.rubric or rubric.DEFAULT.with_name(f"{request.lab}.toml")
+    class_dir = request.class_dir
+    before = stored_settings(class_dir)  # what the class was graded with: kept where the command gives none
+    lab = request.lab or (before.lab if before else DEFAULT_LAB)
+    find_lab(lab)
+    rubric_file = str(request.rubric.resolve()) if request.rubric else (before.rubric if before else None)
+    rubric_path = Path(rubric_file) if rubric_file else rubric.DEFAULT.with_name(f"{lab}.toml")
     if not request.rubric and not rubric_path.is_file():
-        raise UsageError(f"no rubric ships for lab {request.lab}; give one with --rubric (format: {rubric.DEFAULT})")
+        raise UsageError(f"the class's rubric {rubric_file} ({class_dir / SETTINGS}) is gone; give one with --rubric"
+                         if rubric_file else
+                         f"no rubric ships for lab {lab}; give one with --rubric (format: {rubric.DEFAULT})")
     the_rubric = rubric.load(rubric_path)
     if request.sandboxed and not request.regrade:
         refusal = enter.refusal(request.sandbox)
@@ -223,7 +291,6 @@ def open_class(request: ClassRequest) -> Classroom:
         if closed is not None:  # the job's uid reaches its run folders through every folder above them
             raise UsageError(f"--sandbox uid: the results folder lies below {closed}, which other users may not "
                              f"pass through (chmod o+x {closed}), or give --results a folder outside it")
-    class_dir = request.class_dir
     if class_dir.is_relative_to(request.submissions.resolve()):
         # the next run would find the grades as a student's folder (and hide them from the sandbox)
         raise UsageError(f"--results {request.results} puts the grades inside the submissions folder "
@@ -234,13 +301,16 @@ def open_class(request: ClassRequest) -> Classroom:
     unknown = sorted(set(request.rerun) - {s.key for s in students})
     if unknown:
         raise UsageError(f"--rerun {', '.join(unknown)}: no such submission in {request.submissions}")
-    room = Classroom(request, the_rubric, students, {s.key: _stored_job(class_dir, s) for s in students}, None, 1)
+    room = Classroom(request, the_rubric, students, {s.key: _stored_job(class_dir, s) for s in students}, None, 1,
+                     before=before)
     gradable = [s for s in students if not s.problem]
     if gradable:
-        profile = request.profile
+        profile_argument = _profile_argument(request.profile) or (before.profile_argument if before else None)
         try:  # the profile and the lab checked once, before any job starts
-            room.probe_plan = jobs.plan_for({**room.job_for(gradable[0]), "profile": _profile_argument(profile)},
-                                            check_runs=not request.regrade)
+            profile = profiles.resolve(profile_argument, {} if profile_argument else fingerprint())
+            room.settings = ClassSettings(lab, profile.name, _own_file(profile.name, profile.path),
+                                          request.world_sizes or (before.world_sizes if before else None), rubric_file)
+            room.probe_plan = jobs.plan_for(room.job_for(gradable[0]), check_runs=not request.regrade)
         except profiles.ProfileError as error:
             raise UsageError(str(error)) from None
         # On Slurm, the cluster places the tasks: this host's cores say nothing of its nodes.
@@ -357,8 +427,11 @@ def run_jobs_on_slurm(room: Classroom, todo: list[Submission], lesson_root: str)
 def summary_of(room: Classroom, outcomes: list[outputs.Outcome], wall_seconds: float, interrupted: bool
                ) -> dict[str, Any]:
     graded = [o for o in outcomes if o.status == "graded"]
-    return {"lab": room.request.lab,
-            "profile": room.probe_plan.profile.name if room.probe_plan else str(room.request.profile),
+    settings = room.settings
+    return {"lab": settings.lab if settings else room.request.lab or DEFAULT_LAB,
+            "profile": settings.profile if settings else str(room.request.profile),
+            "profile_file": settings.profile_file if settings else None,
+            "world_sizes": settings.world_sizes if settings else room.request.world_sizes,
             "rubric": str(room.rubric.path), "jobs": room.size, "sandboxed": room.request.sandboxed,
             "sandbox": room.request.sandbox,
             "submissions": len(outcomes), "graded": len(graded),
@@ -383,6 +456,10 @@ def grade_class(request: ClassRequest) -> int:
     where = " as Slurm array tasks" if request.slurm else ""
     console.print(f"distlab grade-class: {len(room.students)} submission(s), {len(todo)} to grade, {room.size} at "
                   f"once{where}{mode}; {room.class_dir}", markup=False)
+    if room.settings is not None:  # stored before any job starts: a stopped grade resumes with them
+        console.print(settings_line(room), markup=False)
+        room.class_dir.mkdir(parents=True, exist_ok=True)
+        write_json(room.class_dir / SETTINGS, dataclasses.asdict(room.settings))
     started, interrupted = time.monotonic(), None
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -402,6 +479,20 @@ def grade_class(request: ClassRequest) -> int:
     if interrupted is not None:
         raise interrupted
     return 0
+
+
+def settings_line(room: Classroom) -> str:
+    """What the class is graded with, in one line: kept from its last grade, or what replaced those."""
+    now, before, where = room.settings, room.before, room.class_dir / SETTINGS
+    assert now is not None
+    if before is None:
+        return f"settings ({where}): {now.described()}"
+    if before == now:
+        return f"settings kept from the class's last grade ({where}): {now.described()}"
+    judged = ("lab", "profile", "profile_file", "world_sizes")  # what its runs were made under (Classroom.to_grade)
+    stale = not room.request.regrade and any(getattr(before, key) != getattr(now, key) for key in judged)
+    return (f"settings ({where}): {now.described()}; the class's last grade had {before.described()}"
+            f"{': its grades under those are stale and graded again' if stale else ''}")
 
 
 def make_private(room: Classroom) -> None:

@@ -370,8 +370,10 @@ def class_page(out_dir: Path, rubric: Rubric, outcomes: list[Outcome], summary: 
         for o in outcomes)
     said = mode_banner(summary.get("sandbox", "bwrap" if summary.get("sandboxed", True) else "none"))
     banner = f"<p class='fail'><b>{e(said)}</b></p>" if said else ""
+    profile = f"<b>{e(summary['profile'])}</b>" + (f" ({e(summary['profile_file'])})" if summary.get("profile_file")
+                                                    else "")
     body = f"""<h1>{e(rubric.name)}: {len(outcomes)} submission(s)</h1>{banner}
-<p>Lab <b>{e(summary['lab'])}</b>, profile <b>{e(summary['profile'])}</b>, {summary['jobs']} job(s) side by side;
+<p>Lab <b>{e(summary['lab'])}</b>, profile {profile}, {summary['jobs']} job(s) side by side;
 {summary['graded']} graded, {summary['ungradable']} ungradable; mean score {summary['mean']} of {rubric.max_score:g};
 {'regraded from the stored runs in ' if summary.get('regraded') else ''}{summary['wall_seconds']:.0f} s.</p>
 <h2>Scores</h2>{figures([image]) if image else '<p>No submission was graded.</p>'}

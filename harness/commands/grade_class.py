@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from harness.classgrade import bundle
-from harness.classgrade.classroom import ClassRequest, grade_class
+from harness.classgrade.classroom import DEFAULT_LAB, ClassRequest, grade_class
 from harness.usage import absolute_path, positive_int, world_size_list
 
 DESCRIPTION = ("Each submission graded as `grade --program` grades one, in bubblewrap, side by side; gradebook, "
@@ -17,22 +17,34 @@ EXAMPLES = """examples:
   distlab grade-class submissions/ --rubric week4.toml --jobs 2
   distlab grade-class submissions/ --rerun alice                      # grade one student again
   distlab grade-class submissions/ --regrade --rubric week4-v2.toml   # new rubric, no training
+  distlab grade-class submissions/ --regrade --profile cpu-grade      # judged under another profile, no training
   distlab grade-class submissions/ --autograder gradescope.zip        # a Gradescope autograder bundle
-  distlab grade-class submissions/ --slurm --jobs 8 --sbatch-arg=--partition=cpu   # each a Slurm array task"""
+  distlab grade-class submissions/ --slurm --jobs 8 --sbatch-arg=--partition=cpu   # each a Slurm array task
+
+A class is graded with the settings stored with it (results/class/NAME/settings.json: lab, profile,
+world sizes, rubric) wherever the command gives none: run again (resuming) or with --regrade, it keeps
+the profile it was graded with, on any host. A setting given replaces the stored one: on --regrade the
+stored runs are judged under it; on a resume the stored grades made under another lab, profile or
+world sizes are stale, and graded (run) again."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("submissions", type=Path, help="folder with one folder (or .py file) per student")
-    parser.add_argument("--lab", default="ddp", help="the lab every submission is graded as (default ddp)")
-    parser.add_argument("--profile", help="profile name or .toml (default: the one that fits this host)")
-    parser.add_argument("--rubric", type=Path, help="rubric .toml (default: harness/classgrade/rubrics/LAB.toml)")
+    parser.add_argument("--lab", help=f"the lab every submission is graded as (default: the class's, else "
+                                      f"{DEFAULT_LAB})")
+    parser.add_argument("--profile", help="profile name or .toml (default: the class's, else the one that fits this "
+                                          "host)")
+    parser.add_argument("--rubric", type=Path, help="rubric .toml (default: the class's, else "
+                                                    "harness/classgrade/rubrics/LAB.toml)")
     parser.add_argument("--jobs", type=positive_int, help="submissions graded at once (default: cores / ranks per "
                                                           "job on CPUs, GPUs / GPUs per job on GPU hosts)")
-    parser.add_argument("--world-sizes", type=world_size_list, help="e.g. 2 (default: the profile's)")
+    parser.add_argument("--world-sizes", type=world_size_list, help="e.g. 2 (default: the class's, else the "
+                                                                   "profile's)")
     parser.add_argument("--results", type=absolute_path, default="results", help="results root (default ./results)")
     parser.add_argument("--rerun", action="append", metavar="ID", default=[], help="grade this student again")
     parser.add_argument("--regrade", action="store_true",
-                        help="recompute verdicts and scores from the stored observations; run nothing")
+                        help="recompute verdicts and scores from the stored observations, with the class's "
+                             "settings or those given; run nothing")
     parser.add_argument("--sandbox", choices=["bwrap", "uid"], default="bwrap",
                         help="bwrap: namespaces (loopback only, the grader's files not there); uid: where a "
                              "container refuses namespaces, a uid of its own, its limits and the grader's files made "
@@ -51,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     if args.autograder:
+        args.lab = args.lab or DEFAULT_LAB  # a bundle is no class: it has no stored settings
         return bundle.write(args)
     return grade_class(ClassRequest(
         args.submissions, lab=args.lab, profile=args.profile, rubric=args.rubric, jobs=args.jobs,
