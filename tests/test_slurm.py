@@ -256,7 +256,8 @@ def test_grade_class_on_slurm_grades_again_only_the_task_killed_mid_run(tmp_path
     assert book["alice"]["status"] == "graded", book["alice"]
     for item in rubric.load(rubric.DEFAULT).items:
         if item.name != "speed":  # timed beside the other task on a 2-core host: not asserted
-            assert float(book["alice"][item.name]) == item.points, (item.name, book["alice"])
+            assert (float(book["alice"][item.name]) == item.points if item.points else  # a lesson: taught or not
+                    book["alice"][item.name] in ("ok", "lesson")), (item.name, book["alice"])
     assert book["bob"]["status"] == "graded" and book["bob"]["each rank its own shard"] == "1.5", book["bob"]
     assert float(book["bob"]["score"]) < float(book["bob"]["max"]), book["bob"]  # shards_disjoint fails
     assert book["reads-other"]["status"] == "ungradable", book["reads-other"]

@@ -44,11 +44,13 @@ from harness.console import console
 from harness.files import read_json, write_json
 from harness.grading.judge import judge
 from harness.grading.plan import GradePlan
+from harness.run.accounting import last_exception
 from harness.run.run_dir import claim_results_root
 from harness.run.slurm_array import check_submit_host
 from harness.usage import UsageError
 from harness.verdict import profiles
 from harness.verdict.pairing import reference_rates
+from harness.verdict.verdicts import NOT_RUN, Sample
 from labs.common.host import fingerprint
 
 JOB_ERROR = "job-error.txt"  # in a job's folder: the job process failed (not the submission)
@@ -137,6 +139,58 @@ def _logs(run_dirs: list[Path]) -> list[str]:
     return [jobs.read_log(log) for d in run_dirs for log in [d / "launcher.log", *sorted(d.glob("rank.*.log"))]]
 
 
+RUN_JSON_BYTES = 1 << 20  # the harness's account of a run (run.json): a few KB
+# A traceback's frame: where in which file. The last one in the program's own file says where it failed.
+FRAME = re.compile(r'^(?:\[rank\d+\]:)?\s*File "([^"]+)", line (\d+), in (.+)$')  # torch prefixes "[rank1]:"
+
+
+def ran_to_its_checks(sample: Sample) -> bool:
+    """A failed run that ended as the contract says a failed check ends it: the program's own record
+    (not the harness's), status failed, with a check of its own failed. Its runs went to their end, so
+    the grader's checks were judged; any other failure (an exception, a hang, a stop) ended it early."""
+    record = sample.record or {}
+    if ((record.get("provenance") or {}).get("written_by") == "harness" or record.get("status") != "failed"
+            or "lab_status" in record):  # lab_status: the launcher's account replaced the program's (accounting)
+        return False
+    checks = record.get("checks") or {}
+    return any(isinstance(c, dict) and c.get("passed") is False for c in checks.values())
+
+
+def _where(log: str, program: str) -> str:
+    """The last frame of the log's last traceback in the program's own file (its name only)."""
+    frames = [found for line in log.splitlines() if (found := FRAME.match(line))]
+    own = [f for f in frames if Path(f.group(1)).name == program] or frames
+    return f'File "{Path(own[-1].group(1)).name}", line {own[-1].group(2)}, in {own[-1].group(3)}' if own else ""
+
+
+def ending_of(lab: str, world_size: int, sample: Sample, run_dir: Path, program: str) -> outputs.Ending:
+    """What ended a run early: the rank the launcher saw fail (run.json, the harness's own), that rank's
+    last exception and where in the program it was raised (its log, the program's words, quoted where shown)."""
+    account: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        account = read_json(run_dir / "run.json", RUN_JSON_BYTES)
+    failure = account.get("failure") if isinstance(account, dict) else None
+    rank = failure.get("rank") if isinstance(failure, dict) and isinstance(failure.get("rank"), int) else None
+    ranks = ([rank] if rank is not None else []) + sorted(
+        int(path.name.split(".")[1]) for path in run_dir.glob("rank.*.log") if path.name.split(".")[1].isdigit())
+    for each in dict.fromkeys(ranks):
+        log = jobs.read_log(run_dir / f"rank.{each}.log")
+        said = last_exception(log)
+        if said:
+            return outputs.Ending(lab, world_size, each, said, _where(log, program))
+    return outputs.Ending(lab, world_size, rank, sample.reason or "no reason given")
+
+
+def endings(done: dict[tuple[str, int], list[Sample]], job: dict[str, Any], program: str) -> list[outputs.Ending]:
+    """Each cell whose runs a failure ended early (ran_to_its_checks), with its first such run's ending."""
+    found = []
+    for (lab, world_size), runs in done.items():
+        early = [s for s in runs if s.status != "ok" and s.status != NOT_RUN and not ran_to_its_checks(s)]
+        if early:
+            found.append(ending_of(lab, world_size, early[0], _rebased(early[0].run_dir, job), program))
+    return found
+
+
 def _rebased(run_dir: str, job: dict[str, Any]) -> Path:
     """A run's folder where the job's folder lies now (the stored path names where it was written)."""
     path, written_in = Path(run_dir), job.get("written_in")
@@ -167,7 +221,8 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
                               lessons.crash_lessons(_logs([_rebased(s.run_dir, job) for s in samples
                                                                if s.status != "ok"])),
                               sandboxed=account.get("sandboxed", sandboxed), key=student.key,
-                              mode=account.get("mode", ""))
+                              mode=account.get("mode", ""),
+                              endings=endings(done, job, Path(str(job.get("program", ""))).name))
     started = [s for s in samples if s.observed or ((s.record or {}).get("provenance") or {}).get("written_by")
                not in ("harness", None)]
     if account.get("forged"):  # staff look at it: a grade resting on forged observations is none
@@ -439,7 +494,8 @@ def summary_of(room: Classroom, outcomes: list[outputs.Outcome], wall_seconds: f
             "pending": [o.key for o in outcomes if o.status == "pending"],
             "mean": f"{statistics.fmean(o.score for o in graded if o.score is not None):.2f}" if graded else "-",
             "wall_seconds": wall_seconds, "regraded": room.request.regrade, "interrupted": interrupted,
-            "students": {o.key: {"id": o.id, "status": o.status, "score": o.score, "reason": o.reason,
+            "students": {o.key: {"id": o.id, "status": o.status, "score": o.score,
+                                "reason": o.reason or (outputs.why(o, room.rubric) if o.status == "graded" else ""),
                                 "sandbox": o.findings(), "seconds": o.seconds, "rate_ratio": o.rate_ratio,
                                 "items": {s.item.name: s.score for s in o.scores}} for o in outcomes}}
 

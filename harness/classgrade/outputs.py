@@ -1,13 +1,19 @@
 """What a class grade writes: the gradebook, the class page, each student's feedback, Gradescope's files.
 
-    gradebook.csv              one row per student: id, score, max, status, one column per rubric item, reason
-    class.html                 the scores' distribution, the checks failed most often first, slowest and fastest
-    feedback/<id>.html, .md    each failed check: what the harness saw, what it means, the fix, the lesson
+    gradebook.csv              a row of maxima, then one row per student: id, score, max, status, one column per
+                               rubric item, reason (the first cause)
+    class.html                 the scores' distribution, the checks failed most often first (a run that ended
+                               early is a row of its own), slowest and fastest (of runs that all ended well)
+    feedback/<id>.html, .md    what ended a run first; each item's points and why it lost any; each failed check:
+                               what the harness saw, what it means, the fix, the lesson; the checks not reached
     gradescope/<id>/results.json   Gradescope's autograder results (score, tests[] with visibility, Markdown feedback)
     prairielearn/<id>/results.json PrairieLearn's external grader results (gradable, score 0..1, tests[])
 
 Feedback shows the items a student may see now (rubric visibility); the gradebook and the class
-page are the staff's and show everything. Every page of a grade run without the sandbox says so.
+page are the staff's and show everything. What each output says of a student's faults comes from one
+account (`account`): the cause first, the checks a failed run left unjudged "not reached" with no fix
+of their own, and why every item lost what it lost; the score is shown one way (`points`,
+`score_line`). Every page of a grade run without the sandbox says so.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from harness.classgrade.rubric import Rubric, Score
 from harness.console import printable
 from harness.files import write_bytes, write_json
 from harness.report.pages import figures, md_cell, md_code, md_name, page
-from harness.verdict.verdicts import Verdict
+from harness.verdict.verdicts import Verdict, is_lesson
 
 UNSANDBOXED = ("Graded WITHOUT the sandbox (--no-sandbox): submissions ran with the grader's rights; "
                "limits, network and file isolation were not enforced.")
@@ -45,6 +51,26 @@ def mode_banner(mode: str) -> str:
     return {"bwrap": "", "uid": UID_ONLY, "none": UNSANDBOXED}.get(mode, UNSANDBOXED)
 
 
+@dataclass(frozen=True)
+class Ending:
+    """What ended a cell's runs before the program's own end (a crash, a hang, a stop), as the harness
+    saw it: the rank, its last exception (else the run's reason), and where in the program, the last
+    line of the rank's traceback that names it. The checks of that cell were not reached."""
+
+    lab: str
+    world_size: int | None
+    rank: int | None
+    said: str  # the rank's last exception line, else the run's reason
+    where: str = ""  # 'File "train.py", line 114, in main' from the rank's log, where it has one
+
+    def short(self) -> str:
+        return f"the run{f' at world size {self.world_size}' if self.world_size else ''} ended early"
+
+    def headline(self) -> str:
+        who = f"rank {self.rank}" if self.rank is not None else "a rank"
+        return f"{self.short()}: {who}: {self.said}" + (f" ({self.where})" if self.where else "")
+
+
 @dataclass
 class Outcome:
     """One student's grade, as every output shows it."""
@@ -61,6 +87,7 @@ class Outcome:
     sandboxed: bool = True
     mode: str = ""  # the sandbox it was graded in: "bwrap", "uid" or "none" ("" : by `sandboxed`)
     key: str = ""  # what its files are named (submissions.key_of): the id where it is a plain student id
+    endings: list[Ending] = field(default_factory=list)  # what ended a cell's runs early (classroom.outcome_of)
 
     def __post_init__(self) -> None:
         self.key = self.key or self.id
@@ -69,6 +96,13 @@ class Outcome:
     @property
     def score(self) -> float | None:
         return sum(s.score for s in self.scores) if self.status == "graded" else None
+
+    @property
+    def finished(self) -> bool:
+        """Graded, and every run ended well: only then does its speed rank it (class page, leaderboard)."""
+        runs = [v for v in self.verdicts if v.check == "run"]
+        return self.status == "graded" and bool(runs) and all(v.passed is not False for v in runs) \
+            and not self.endings
 
     def findings(self) -> list[str]:
         """The sandbox's account, one sentence each: breaches first, then refusals, then forgery, then
@@ -81,10 +115,6 @@ class Outcome:
                 + [f"left outside its folder: {text}" for text in account.get("outside", [])])
 
 
-def number(value: float | None) -> str:
-    return "" if value is None else f"{value:g}"
-
-
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # what a spreadsheet takes for a formula (OWASP's list)
 
 
@@ -94,17 +124,36 @@ def csv_cell(text: str) -> str:
     return f"'{text}" if text.startswith(FORMULA_START) else text
 
 
+MAXIMA = "Points Possible"  # the id of the gradebook's row of maxima (Canvas's name for it; no student id has a space)
+
+
+def why(outcome: Outcome, rubric: Rubric) -> str:
+    """A graded outcome's reason in one line, for staff (the gradebook, the class page): its first cause,
+    then the sandbox's account; where nothing failed, each speed row not comparable."""
+    first = account(outcome, rubric, shown_only=False).first()
+    said = [first, *(text for text in outcome.findings() if text not in first)]
+    return "; ".join(text for text in said if text) or "; ".join(not_comparable_lines(outcome.scores))
+
+
 def gradebook_csv(path: Path, rubric: Rubric, outcomes: list[Outcome]) -> None:
-    """One row per student, the columns an LMS imports: an ungradable submission has no score (never a silent 0)."""
+    """One row per student, the columns an LMS imports, after a row of each column's maximum: an
+    ungradable submission has no score (never a silent 0). The reason is the first cause (Account.first);
+    an item worth no points (a lesson) says "lesson" where the grader taught it, "ok" where none was
+    needed, "not reached" where a run ended before it."""
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
     writer.writerow([csv_cell(name) for name in ["id", "score", "max", "status", *(i.name for i in rubric.items),
                                                   "reason"]])
+    writer.writerow([MAXIMA, points(rubric.max_score), points(rubric.max_score), "maxima",
+                     *(points(i.points) if i.points else "lesson (0 points)" for i in rubric.items),
+                     "the most each column pays"])
     for outcome in outcomes:
-        items = [number(s.score) for s in outcome.scores] if outcome.status == "graded" else [""] * len(rubric.items)
-        reason = outcome.reason or "; ".join([*outcome.findings(), *not_comparable_lines(outcome.scores)])
-        writer.writerow([csv_cell(outcome.id), number(outcome.score), number(rubric.max_score), outcome.status, *items,
-                         csv_cell(" ".join(reason.split()))])
+        told = account(outcome, rubric, shown_only=False)
+        items = [(points(s.score) if s.item.points else told.states[s.item.name]) for s in outcome.scores] \
+            if outcome.status == "graded" else [""] * len(rubric.items)
+        reason = outcome.reason or why(outcome, rubric)
+        writer.writerow([csv_cell(outcome.id), "" if outcome.score is None else points(outcome.score),
+                         points(rubric.max_score), outcome.status, *items, csv_cell(" ".join(reason.split()))])
     write_bytes(path, text.getvalue().encode())
 
 
@@ -116,35 +165,168 @@ class Finding:
     world_size: int | None
     saw: str
     lesson: lessons.Lesson | None
+    costs: bool = True  # False: a lesson (verdicts.is_lesson), taught at no cost
+
+
+NOT_REACHED = "not reached"
+ENDED = "run"  # the lesson of a run that ended early: the class page's row for crashes, hangs and stops
+
+
+def points(value: float) -> str:
+    """Points as every output shows them: two decimals at most (6.3333 is 6.33 everywhere)."""
+    return f"{round(value, 2):g}"
+
+
+@dataclass(frozen=True)
+class Account:
+    """Why a student's grade is what it is, decided once for every output (feedback, gradebook, class
+    page, Gradescope, PrairieLearn). What ended the runs comes first (a crash lesson, the sandbox's
+    stop, the rank and its last exception); then each failed check judged on runs that went to their
+    end, with its fix; then the checks that could not be judged because a run ended early or never
+    finished well ("not reached"), which have no fix of their own: fixing what ended the run is theirs.
+    Every item that lost points says why, in `reasons`."""
+
+    ended: list[Finding]
+    causes: list[Finding]
+    not_reached: list[Finding]
+    states: dict[str, str]  # item name -> "ok", "to fix", "not reached" or "not comparable"
+    reasons: dict[str, str]  # item name -> why it lost points ("" where it lost none)
+
+    @property
+    def fixes(self) -> list[Finding]:
+        """What to fix, in order: what ended the runs, then the failed checks."""
+        return self.ended + self.causes
+
+    def first(self) -> str:
+        """The first cause in one line: the gradebook's reason, the class page's "why"."""
+        found = next((f for f in self.fixes if f.costs), None)
+        if found is None:
+            return ""
+        where = f" (world size {found.world_size})" if found.world_size else ""
+        return " ".join(f"{found.check}{where}: {found.saw}".split())
+
+
+def _saw(v: Verdict) -> str:
+    return v.detail or f"measured {v.measured}, expected {v.expected}"
+
+
+def _not_reached(v: Verdict, outcome: Outcome) -> bool:
+    """A failed check that could not be judged: its cell's runs ended early (or, for a check across world
+    sizes, a cell of its lab did), or it measures what only a run that finished well has."""
+    cut = {(e.lab, e.world_size) for e in outcome.endings}
+    return ((v.lab, v.world_size) in cut or (v.world_size is None and v.lab in {lab for lab, _ in cut})
+            or (v.passed is False and v.measured == "not measured"))
+
+
+def account(outcome: Outcome, rubric: Rubric | None, shown_only: bool) -> Account:
+    """The outcome's account (Account), of the items the reader may see (`shown_only`, by the rubric) or
+    of every verdict (for staff: a failed check no item scores is counted too)."""
+    scores = [s for s in outcome.scores if not shown_only or (rubric is not None and rubric.shown(s.item))]
+    scored = {id(v) for s in outcome.scores for v in s.judged}
+    unscored = [] if shown_only else [v for v in outcome.verdicts if v.passed is False and id(v) not in scored]
+    ended = [Finding(key, None, saw, lessons.LESSONS.get(key)) for key, saw in outcome.crashes]
+    ended += [Finding(ENDED, e.world_size, e.headline(), lessons.LESSONS[ENDED]) for e in outcome.endings]
+    found = outcome.findings()
+    stops = [text for text in found if text.startswith("stopped: ")]  # the sandbox stopped a run: it ended it
+    ended = [Finding("sandbox", None, text, lessons.LESSONS["sandbox"]) for text in stops] + ended
+    causes: list[Finding] = []
+    missed: list[Finding] = []
+    seen: set[tuple[str, int | None]] = set()
+    failed_run: list[Finding] = []
+    states: dict[str, str] = {}
+    reasons: dict[str, str] = {}
+    for score in scores:
+        unjudged = [v for v in score.failed if _not_reached(v, outcome) or (v.check == "run" and outcome.endings)]
+        judged = [v for v in score.failed if v not in unjudged]
+        for v in score.failed:
+            if (v.check, v.world_size) in seen:
+                continue
+            seen.add((v.check, v.world_size))
+            if v.check == "run" and outcome.endings:
+                continue  # said by the ending, with the rank and its exception
+            finding = Finding(v.check, v.world_size, _saw(v), lessons.lesson_for(v.check), not is_lesson(v))
+            if v in unjudged:
+                missed.append(Finding(v.check, v.world_size, _saw(v), None))
+            elif v.check == "run":
+                failed_run.append(finding)  # a consequence where a check failed: it ends the lab's run
+            else:
+                causes.append(finding)
+        states[score.item.name], reasons[score.item.name] = _item_state(score, judged, unjudged, outcome)
+    for v in unscored:
+        if (v.check, v.world_size) in seen or (v.check == "run" and outcome.endings):
+            continue
+        seen.add((v.check, v.world_size))
+        finding = Finding(v.check, v.world_size, _saw(v), lessons.lesson_for(v.check))
+        (missed if _not_reached(v, outcome) else failed_run if v.check == "run" else causes).append(finding)
+    causes += [Finding("sandbox", None, text, lessons.LESSONS["sandbox"]) for text in found if text not in stops]
+    causes += failed_run  # last: what it follows from is read first
+    return Account(ended, causes, missed, states, reasons)
+
+
+def _item_state(score: Score, judged: list[Verdict], unjudged: list[Verdict], outcome: Outcome) -> tuple[str, str]:
+    """An item's state and, where it lost points, why (the student's words)."""
+    ending = next((f"{e.short()} (see What ended your run)" for e in outcome.endings), "")
+    if not score.item.points:  # a lesson: taught, not reached, or none needed; it costs nothing
+        return ("lesson", "") if judged else (NOT_REACHED, ending) if unjudged else (score.state, "")
+    if score.passed:
+        return score.state, ""
+    lost = f"{points(score.item.points - score.score)} point(s) lost: "
+    if ending and any(v.check == "run" for v in unjudged):  # the run itself: what ended it is the cause
+        return "to fix", f"{lost}{ending}"
+    if judged:
+        names = ", ".join(dict.fromkeys(f"{v.check}" + (f" at world size {v.world_size}" if v.world_size else "")
+                                        for v in judged))
+        return "to fix", f"{lost}failed {names} (see What to fix)"
+    if unjudged:
+        return NOT_REACHED, f"{lost}not reached: " + (ending or _saw(unjudged[0]))
+    runs = [v for v in outcome.verdicts if v.check == "run" and v.passed is False]
+    if score.item.absent_passes:  # paid for nothing found wrong, where the runs themselves went well
+        why = ending or (f"a run did not end well ({_saw(runs[0])})" if runs else "no run of the program ended well")
+        return NOT_REACHED, f"{lost}not reached: this item pays only when every run ends well; {why}"
+    return NOT_REACHED, f"{lost}not reached: none of its checks was judged" + (f"; {ending}" if ending else
+                                                                                " (the runs ended before them)")
 
 
 def findings(outcome: Outcome, rubric: Rubric, shown_only: bool) -> list[Finding]:
-    """Each failed check of an item the reader may see, with its lesson; then crashes and the sandbox's account.
-    A failed run comes last where something else was found: that is what ended it, so it is read first."""
-    found: list[Finding] = []
-    seen: set[tuple[str, int | None]] = set()
-    for score in outcome.scores:
-        if shown_only and not rubric.shown(score.item):
-            continue
-        for v in score.failed:
-            if (v.check, v.world_size) not in seen:
-                seen.add((v.check, v.world_size))
-                found.append(Finding(v.check, v.world_size, v.detail or f"measured {v.measured}, expected "
-                                     f"{v.expected}", lessons.lesson_for(v.check)))
-    for key, saw in outcome.crashes:
-        found.append(Finding(key, None, saw, lessons.LESSONS.get(key)))
-    for text in outcome.findings():
-        found.append(Finding("sandbox", None, text, lessons.LESSONS["sandbox"]))
-    causes = [f for f in found if f.check != "run"]
-    return causes + [f for f in found if f.check == "run"] if causes else found
+    """What to fix, in the order the feedback shows it (Account.fixes)."""
+    return account(outcome, rubric, shown_only).fixes
 
 
 def _visible_scores(outcome: Outcome, rubric: Rubric) -> list[Score]:
     return [s for s in outcome.scores if rubric.shown(s.item)]
 
 
+def score_line(outcome: Outcome, rubric: Rubric, total: bool = False) -> str:
+    """The score as every student-facing output says it, in plain text: the visible score, and where
+    items are not shown yet, that they count in the total, which is the gradebook's (and Gradescope's and
+    PrairieLearn's score). `total`: say the total earned too, where the platform shows it anyway
+    (PrairieLearn's score); feedback never does (it would tell what the hidden items earned)."""
+    shown = _visible_scores(outcome, rubric)
+    earned, most = sum(s.score for s in shown), sum(s.item.points for s in shown)
+    hidden = len(outcome.scores) - len(shown)
+    if not hidden:
+        return f"Score: {points(earned)} / {points(most)}"
+    of_total = f"{points(outcome.score or 0.0)} / " if total else ""
+    return (f"Visible score: {points(earned)} / {points(most)} on the items shown to you now; {hidden} item(s) "
+            f"not shown yet count in the total ({of_total}{points(rubric.max_score)})")
+
+
+def _fix_lines(f: Finding, lesson_root: str) -> list[str]:
+    where = f" (world size {f.world_size})" if f.world_size else ""
+    lines = [f"### {md_name(f.check)}{where}", "", f"- What the grader saw: {md_code(f.saw)}"]
+    if f.lesson:
+        lines += [f"- What it means: {f.lesson.meaning}", f"- The fix: {f.lesson.fix}",
+                  f"- Lesson: [{f.lesson.section}]({lesson_root}{f.lesson.section})"]
+    return lines + [""]
+
+
+NOT_REACHED_SAYS = ("The grader could not judge these, because a run ended early or none finished well: "
+                    "they have no fix of their own. Fix what ended the run; they are judged again then.")
+
+
 def feedback_markdown(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str:
     shown = _visible_scores(outcome, rubric)
+    told = account(outcome, rubric, shown_only=True)
     # What a program wrote (its errors, its folder's names) is quoted as code: it can add no heading,
     # no score line, no link and no HTML to the page.
     lines = [f"# {md_name(outcome.id)}: {rubric.name}", ""]
@@ -153,59 +335,69 @@ def feedback_markdown(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str
     if outcome.status != "graded":
         lines += [f"**Ungradable**: {md_code(outcome.reason)}", ""]
     else:
-        earned, most = sum(s.score for s in shown), sum(s.item.points for s in shown)
-        hidden = len(outcome.scores) - len(shown)
-        lines += [f"Score: **{earned:g} / {most:g}**" + (f" ({hidden} item(s) not shown yet)" if hidden else ""), "",
-                  "| item | points | |", "|---|---|---|"]
-        lines += [f"| {md_cell(s.item.name)} | {s.score:g} / {s.item.points:g} | {s.state} |" for s in shown]
+        if told.ended:  # the cause first: what ended the runs, before any score or consequence
+            lines += ["## What ended your run", ""]
+            for f in told.ended:
+                lines += _fix_lines(f, lesson_root)
+        lines += [f"**{score_line(outcome, rubric)}**", "", "| item | points | | why |", "|---|---|---|---|"]
+        lines += [f"| {md_cell(s.item.name)} | {points(s.score)} / {points(s.item.points)} | "
+                  f"{told.states[s.item.name]} | {md_cell(told.reasons[s.item.name])} |" for s in shown]
         lines.append("")
         incomparable = not_comparable_lines(shown)
         if incomparable:
             lines += ["## Speed not comparable", "", *(f"- {md_code(line)}" for line in incomparable), ""]
-    found = findings(outcome, rubric, shown_only=True)
-    if found:
+    if told.causes:
         lines += ["## What to fix", ""]
-        for f in found:
-            where = f" (world size {f.world_size})" if f.world_size else ""
-            lines += [f"### {md_name(f.check)}{where}", "", f"- What the grader saw: {md_code(f.saw)}"]
-            if f.lesson:
-                lines += [f"- What it means: {f.lesson.meaning}", f"- The fix: {f.lesson.fix}",
-                          f"- Lesson: [{f.lesson.section}]({lesson_root}{f.lesson.section})"]
-            lines.append("")
-    elif outcome.status == "graded":
+        for f in told.causes:
+            lines += _fix_lines(f, lesson_root)
+    if told.not_reached:
+        lines += ["## Not reached", "", NOT_REACHED_SAYS, ""]
+        lines += [f"- {md_name(f.check)}" + (f" (world size {f.world_size})" if f.world_size else "")
+                  + f": {md_code(f.saw)}" for f in told.not_reached]
+        lines.append("")
+    if outcome.status == "graded" and not told.fixes:
         lines += ["Every check you can see passed.", ""]
     return "\n".join(lines) + "\n"
+
+
+def _fix_rows(found: list[Finding], lesson_root: str) -> str:
+    e = html_text
+    rows = []
+    for f in found:
+        lesson = f.lesson
+        link = f"<a href='{e(lesson_root + lesson.section)}'>{e(lesson.section)}</a>" if lesson else ""
+        size = f"<br><small>world size {f.world_size}</small>" if f.world_size else ""
+        rows.append(f"<tr><td><b>{e(f.check)}</b>{size}</td><td>{e(f.saw)}</td>"
+                    f"<td>{e(lesson.meaning) if lesson else ''}</td>"
+                    f"<td>{e(lesson.fix) if lesson else ''}</td><td>{link}</td></tr>")
+    return ("<table><tr><th>check</th><th>what the grader saw</th><th>what it means</th><th>the fix</th>"
+            "<th>lesson</th></tr>" + "".join(rows) + "</table>")
 
 
 def feedback_html(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str:
     e = html_text
     shown = _visible_scores(outcome, rubric)
+    told = account(outcome, rubric, shown_only=True)
     parts = [f"<h1>{e(outcome.id)}: {e(rubric.name)}</h1>"]
     if mode_banner(outcome.mode):
         parts.append(f"<p class='fail'><b>{e(mode_banner(outcome.mode))}</b></p>")
     if outcome.status != "graded":
         parts.append(f"<p class='fail'><b>Ungradable</b>: {e(outcome.reason)}</p>")
     else:
-        earned, most = sum(s.score for s in shown), sum(s.item.points for s in shown)
-        hidden = len(outcome.scores) - len(shown)
-        parts.append(f"<p>Score: <b>{earned:g} / {most:g}</b>{f' ({hidden} item(s) not shown yet)' if hidden else ''}"
-                     "</p><table><tr><th>item</th><th>points</th><th></th></tr>" + "".join(
+        if told.ended:
+            parts.append("<h2>What ended your run</h2>" + _fix_rows(told.ended, lesson_root))
+        parts.append(f"<p>{e(score_line(outcome, rubric))}</p>"
+                     "<table><tr><th>item</th><th>points</th><th></th><th>why</th></tr>" + "".join(
                          f"<tr class='{'pass' if s.passed else 'fail'}'><td>{e(s.item.name)}</td>"
-                         f"<td>{s.score:g} / {s.item.points:g}</td><td>{e(s.state)}</td></tr>"
-                         for s in shown) + "</table>")
-    found = findings(outcome, rubric, shown_only=True)
-    if found:
-        rows = []
-        for f in found:
-            lesson = f.lesson
-            link = (f"<a href='{e(lesson_root + lesson.section)}'>{e(lesson.section)}</a>" if lesson else "")
-            size = f"<br><small>world size {f.world_size}</small>" if f.world_size else ""
-            rows.append(f"<tr><td><b>{e(f.check)}</b>{size}</td><td>{e(f.saw)}</td>"
-                        f"<td>{e(lesson.meaning) if lesson else ''}</td>"
-                        f"<td>{e(lesson.fix) if lesson else ''}</td><td>{link}</td></tr>")
-        parts.append("<h2>What to fix</h2><table><tr><th>check</th><th>what the grader saw</th><th>what it means</th>"
-                     "<th>the fix</th><th>lesson</th></tr>" + "".join(rows) + "</table>")
-    elif outcome.status == "graded":
+                         f"<td>{points(s.score)} / {points(s.item.points)}</td><td>{e(told.states[s.item.name])}</td>"
+                         f"<td>{e(told.reasons[s.item.name])}</td></tr>" for s in shown) + "</table>")
+    if told.causes:
+        parts.append("<h2>What to fix</h2>" + _fix_rows(told.causes, lesson_root))
+    if told.not_reached:
+        parts.append(f"<h2>Not reached</h2><p>{e(NOT_REACHED_SAYS)}</p><ul>" + "".join(
+            f"<li><b>{e(f.check)}</b>{f' (world size {f.world_size})' if f.world_size else ''}: {e(f.saw)}</li>"
+            for f in told.not_reached) + "</ul>")
+    if outcome.status == "graded" and not told.fixes:
         parts.append("<p>Every check you can see passed.</p>")
     return page(e(f"{outcome.id}: {rubric.name}"), "\n".join(parts))
 
@@ -223,15 +415,18 @@ UNGRADED = {"ungradable": "Ungradable", "error": "Not graded: the grader failed,
 LEADERBOARD = "rate / course lab"  # the rate_ratio the class page sorts by: higher is faster
 
 
-def _failed_lines(score: Score, lesson_root: str) -> list[str]:
-    """A failed item's checks, what the grader saw, and each lesson's fix with its link (Markdown)."""
+def _failed_lines(score: Score, told: Account, lesson_root: str) -> list[str]:
+    """A failed item's checks, what the grader saw, and each lesson's fix with its link (Markdown); a
+    check not reached says so, with no fix of its own."""
     lines = []
+    missed = {(f.check, f.world_size) for f in told.not_reached}
     for v in score.failed:
         where = f" (world size {v.world_size})" if v.world_size else ""
-        saw = v.detail or f"measured {v.measured}, expected {v.expected}"
-        lines.append(f"- **{md_name(v.check)}**{where}: {md_code(saw)}")  # what a program wrote, quoted
+        lines.append(f"- **{md_name(v.check)}**{where}: {md_code(_saw(v))}")  # what a program wrote, quoted
         lesson = lessons.lesson_for(v.check)
-        if lesson:
+        if (v.check, v.world_size) in missed:
+            lines.append(f"  - {NOT_REACHED}: a run ended before this could be judged; fix what ended it")
+        elif lesson and not (v.check == "run" and told.ended):
             lines.append(f"  - the fix: {lesson.fix} Lesson: [{lesson.section}]({lesson_root}{lesson.section})")
     return lines
 
@@ -241,12 +436,12 @@ def not_comparable_lines(scores: list[Score]) -> list[str]:
     return [f"{s.item.name}: {v.lab} ws={v.world_size} {v.check} {v.detail}" for s in scores for v in s.not_comparable]
 
 
-def _item_output(score: Score, lesson_root: str) -> str:
+def _item_output(score: Score, told: Account, lesson_root: str) -> str:
     if score.passed and score.not_comparable:
         return "\n".join(f"- {md_code(line)}" for line in not_comparable_lines([score]))
     if score.passed:
         return "passed"
-    return "\n".join(_failed_lines(score, lesson_root)) or "not reached: the run ended before this was checked"
+    return "\n".join([told.reasons[score.item.name], *_failed_lines(score, told, lesson_root)])
 
 
 def sandbox_mode(outcome: Outcome) -> str:
@@ -277,13 +472,16 @@ def gradescope_results(outcome: Outcome, rubric: Rubric, lesson_root: str = "",
             {"name": "gradable", "score": 0.0, "max_score": rubric.max_score, "status": "failed", "output": why,
              "tags": [outcome.status], "visibility": "visible"}]}
     # Gradescope knows "passed" and "failed"; a speed item the machine could not judge has neither (the
-    # status is optional there) and says "not comparable" in its tags and output instead.
+    # status is optional there) and says "not comparable" in its tags and output instead. An item not
+    # reached (a run ended before its checks) fails, tagged so.
+    told = account(outcome, rubric, shown_only=False)
     tests = [{"name": s.item.name, "score": s.score, "max_score": s.item.points,
               **({"status": "passed" if s.passed else "failed"} if s.state != "not comparable" else
                  {"tags": ["not comparable"]}),
-              "output": _item_output(s, lesson_root), "visibility": s.item.visibility} for s in outcome.scores]
+              **({"tags": [NOT_REACHED]} if told.states[s.item.name] == NOT_REACHED else {}),
+              "output": _item_output(s, told, lesson_root), "visibility": s.item.visibility} for s in outcome.scores]
     results.update(score=outcome.score, tests=tests)
-    if outcome.rate_ratio is not None:
+    if outcome.rate_ratio is not None and outcome.finished:  # a run that did not end well never ranks
         results["leaderboard"] = [{"name": LEADERBOARD, "value": round(outcome.rate_ratio, 3), "order": "desc"}]
     return results
 
@@ -297,15 +495,14 @@ def prairielearn_results(outcome: Outcome, rubric: Rubric, lesson_root: str = ""
         return {"gradable": False, "format_errors": [why], "message": why, "output": feedback}
     shown = _visible_scores(outcome, rubric)
     earned = outcome.score or 0.0
-    hidden = len(outcome.scores) - len(shown)
+    told = account(outcome, rubric, shown_only=True)
     return {"gradable": True, "score": round(earned / rubric.max_score, 6) if rubric.max_score else 0.0,
-            "message": f"{earned:g} of {rubric.max_score:g} points" + (f" ({hidden} item(s) not shown yet)"
-                                                                      if hidden else ""),
+            "message": score_line(outcome, rubric, total=True) + (f"; {told.first()}" if told.first() else ""),
             "output": feedback, "tests": [
                 {"name": s.item.name, "description": f"checks: {', '.join(s.item.checks)}", "points": s.score,
                  "max_points": s.item.points,
-                 "message": {"ok": "passed", "to fix": "to fix"}.get(s.state, s.state),
-                 "output": _item_output(s, lesson_root)} for s in shown]}
+                 "message": {"ok": "passed"}.get(told.states[s.item.name], told.states[s.item.name]),
+                 "output": _item_output(s, told, lesson_root)} for s in shown]}
 
 
 # ------------------------------------------------------------------------------------ class page
@@ -333,17 +530,23 @@ def _histogram(outcomes: list[Outcome], rubric: Rubric, out: Path) -> Path | Non
 def failed_checks(outcomes: list[Outcome]) -> Counter[str]:
     """How many students failed each check (once per student, at any world size): the pitfall first.
 
-    A run that did not end well is counted only where nothing else says why. A failed observed
-    check makes the lab's ranks exit non-zero, a known crash (DDP's unused-parameter error) ends
-    the run, and so does a sandbox breach. Counting "run" for those as well would put the
-    consequence at the top of the page, above the pitfall that caused it."""
+    Counted as each student's feedback tells it (Account): what ended a run (a known crash, a sandbox
+    stop, else "run": a crash, hang or stop, a row of its own), then each failed check judged on runs
+    that went to their end. A failed run is counted only where nothing else says why (a failed
+    observed check makes the lab's ranks exit non-zero), and a check not reached never is: counting
+    the consequences would put them at the top of the page, above the pitfall that caused them."""
     counts: Counter[str] = Counter()
     for o in outcomes:
-        failed = {v.check for v in o.verdicts if v.passed is False}
-        causes = (failed - {"run"}) | {key for key, _ in o.crashes} | {
-            "sandbox: " + text.split(":", 1)[0] for text in o.findings()}
-        counts.update(causes or failed)
+        told = account(o, None, shown_only=False)
+        named = [f.check if f.check != "sandbox" else "sandbox: " + f.saw.split(":", 1)[0] for f in told.fixes
+                 if f.costs]  # a lesson is taught, not counted
+        causes = [name for name in named if name != "run"] or named
+        counts.update(set(causes))
     return counts
+
+
+# The class page's name of a row where the check's own is not one a reader knows.
+PITFALL_NAMES = {ENDED: "a run ended early (a rank crashed, hung or was stopped)"}
 
 
 def _lesson(check: str) -> lessons.Lesson | None:
@@ -355,9 +558,10 @@ def class_page(out_dir: Path, rubric: Rubric, outcomes: list[Outcome], summary: 
     image = _histogram(outcomes, rubric, out_dir / "scores.png")
     counts = failed_checks(outcomes)
     pitfalls = "".join(
-        f"<tr><td>{e(check)}</td><td>{n}</td><td>{e(lesson.fix) if (lesson := _lesson(check)) else ''}"
-        f"</td></tr>" for check, n in counts.most_common())
-    timed = sorted((o for o in outcomes if o.seconds is not None and o.status == "graded"),
+        f"<tr><td>{e(PITFALL_NAMES.get(check, check))}</td><td>{n}</td>"
+        f"<td>{e(lesson.fix) if (lesson := _lesson(check)) else ''}</td></tr>" for check, n in counts.most_common())
+    # Only a program whose runs all ended well ranks: a crash's wall time says nothing of its speed.
+    timed = sorted((o for o in outcomes if o.seconds is not None and o.finished),
                    key=lambda o: (o.rate_ratio if o.rate_ratio is not None else -(o.seconds or 0.0)))
     def speed_row(o: Outcome) -> str:
         ratio = f"{o.rate_ratio:.2f}" if o.rate_ratio is not None else "-"
@@ -366,7 +570,8 @@ def class_page(out_dir: Path, rubric: Rubric, outcomes: list[Outcome], summary: 
     students = "".join(
         f"<tr class='{'fail' if o.status != 'graded' else ''}'>"
         f"<td><a href='feedback/{e(o.key)}.html'>{e(o.id)}</a></td>"
-        f"<td>{number(o.score)}</td><td>{e(o.status)}</td><td>{e(o.reason or '; '.join(o.findings()))}</td></tr>"
+        f"<td>{'' if o.score is None else points(o.score)}</td><td>{e(o.status)}</td>"
+        f"<td>{e(o.reason or (why(o, rubric) if o.status == 'graded' else '; '.join(o.findings())))}</td></tr>"
         for o in outcomes)
     said = mode_banner(summary.get("sandbox", "bwrap" if summary.get("sandboxed", True) else "none"))
     banner = f"<p class='fail'><b>{e(said)}</b></p>" if said else ""
@@ -381,7 +586,7 @@ def class_page(out_dir: Path, rubric: Rubric, outcomes: list[Outcome], summary: 
 <table><tr><th>check</th><th>students</th><th>the fix</th></tr>{pitfalls or '<tr><td colspan=3>none</td></tr>'}</table>
 <h2>Slowest and fastest</h2>
 <p>Rate over the course lab's, run beside it in the same conditions (where the profile times it); wall time of
-the program's runs.</p>
+the program's runs. Only programs whose runs all ended well are ranked.</p>
 <table><tr><th>student</th><th>rate / course lab</th><th>seconds</th></tr>{speed}</table>
 <h2>Every submission</h2>
 <table><tr><th>student</th><th>score</th><th>status</th><th>why / what the sandbox saw</th></tr>{students}</table>

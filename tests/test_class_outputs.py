@@ -1,0 +1,151 @@
+"""What a class grade writes for a crashing student, from the verdicts of a real crash.
+
+tests/fixtures/classgrade/crash-rank1/ holds what `distlab grade-class week4 --lab ddp --profile
+cpu-smoke --no-sandbox` left for one submission: the course lab (labs/ddp/train.py) with
+`raise RuntimeError('rank 1 gives up')` on rank 1 right after `init_process_group`. `verdicts.json` is
+that grade's verdicts and its rate over the course lab's; `run/` the harness's account of its failed
+run at world size 2 (run.json) and its ranks' logs, from which the grade finds what ended it. Every
+output is built from them as `distlab grade-class` builds it: one account (outputs.account) of the
+cause first, the checks not reached, and why each point was lost.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+from harness.classgrade import outputs, rubric
+from harness.classgrade.classroom import ending_of, ran_to_its_checks
+from harness.classgrade.outputs import Outcome
+from harness.verdict.verdicts import LESSON, Sample, Verdict
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures/classgrade/crash-rank1"
+WRONG_FIXES = ("DistributedSampler(dataset", "Wrap the model in DistributedDataParallel",
+               "Call dist.init_process_group", "Look for work in the step loop")
+
+
+def crashed(tmp_path: Path) -> tuple[Outcome, rubric.Rubric]:
+    """The crash's outcome as classroom.outcome_of makes it: the real verdicts, scored by the shipped
+    rubric, and the ending found in the real run's folder."""
+    stored = json.loads((FIXTURE / "verdicts.json").read_text())
+    verdicts = [Verdict(**v) for v in stored["verdicts"]]
+    run_dir = tmp_path / "run"
+    shutil.copytree(FIXTURE / "run", run_dir)
+    sample = Sample(str(run_dir), "failed", stored["reason"], 30.0, None)
+    ending = ending_of("ddp", 2, sample, run_dir, "carol.py")
+    shipped = rubric.load()
+    return Outcome("carol", "graded", "", shipped.score(verdicts), verdicts, {}, [], 40.0, stored["rate_ratio"],
+                   sandboxed=False, endings=[ending]), shipped
+
+
+def passing() -> Outcome:
+    shipped = rubric.load()
+    verdicts = [Verdict("ddp", 2, "run", "1/1 ok", "all ok", True),
+                Verdict("ddp", 2, "observed:shards_disjoint", "passed", "passed", True),
+                Verdict("ddp", 2, "observed:buffers_identical", LESSON, "passed", None, "lesson: statistics apart")]
+    return Outcome("alice", "graded", "", shipped.score(verdicts), verdicts, {}, [], 30.0, 1.02, sandboxed=False)
+
+
+def test_the_ending_names_the_rank_its_exception_and_the_programs_line(tmp_path):
+    outcome, _ = crashed(tmp_path)
+    (ending,) = outcome.endings
+    assert (ending.rank, ending.said) == (1, "RuntimeError: rank 1 gives up"), ending
+    assert ending.where.startswith('File "carol.py", line ') and ending.where.endswith("in main"), ending
+
+
+def test_a_crash_leads_its_feedback_and_its_consequences_are_not_reached_with_no_fix(tmp_path):
+    outcome, shipped = crashed(tmp_path)
+    feedback = outputs.feedback_markdown(outcome, shipped, "")
+    headings = [line for line in feedback.splitlines() if line.startswith("## ")]
+    assert headings[0] == "## What ended your run", feedback
+    ended = feedback.split("## What ended your run", 1)[1].split("\n## ", 1)[0]
+    assert "rank 1" in ended and "RuntimeError: rank 1 gives up" in ended and "carol.py" in ended, ended
+    assert "world size 2" in ended and "The fix:" in ended  # run it at that world size, read that rank's log
+    for wrong in WRONG_FIXES:
+        assert wrong not in feedback, (wrong, feedback)  # no fix for what the crash left unjudged
+    assert "## Not reached" in feedback and "observed:shards_disjoint (world size 2)" in feedback, feedback
+    told = outputs.account(outcome, shipped, shown_only=True)
+    assert [f.check for f in told.ended] == ["run"] and told.causes == [], told
+    assert told.states["each rank its own shard"] == outputs.NOT_REACHED, told.states
+    html = outputs.feedback_html(outcome, shipped, "")
+    assert html.index("What ended your run") < html.index("Visible score: ") < html.index("Not reached")
+
+
+def test_every_lost_point_says_why_in_every_output(tmp_path):
+    outcome, shipped = crashed(tmp_path)
+    told = outputs.account(outcome, shipped, shown_only=False)
+    feedback = outputs.feedback_markdown(outcome, shipped, "")
+    tests = {t["name"]: t for t in outputs.gradescope_results(outcome, shipped)["tests"]}
+    for score in outcome.scores:
+        if score.passed:
+            continue
+        reason = told.reasons[score.item.name]
+        assert reason.startswith(f"{outputs.points(score.item.points - score.score)} point(s) lost: "), reason
+        assert tests[score.item.name]["output"].startswith(reason)
+        if shipped.shown(score.item):
+            assert reason.replace("|", "\\|") in feedback, (reason, feedback)
+    # Items that pay only when the runs went well say so, and are not "to fix".
+    for name in ("an honest record", "resumes where it stopped"):
+        assert told.states[name] == outputs.NOT_REACHED and "pays only when every run ends well" in told.reasons[
+            name], told.reasons[name]
+        assert outputs.NOT_REACHED in tests[name]["tags"]
+
+
+def test_the_gradebook_has_maxima_reasons_and_lessons(tmp_path):
+    outcome, shipped = crashed(tmp_path)
+    outputs.gradebook_csv(tmp_path / "gradebook.csv", shipped, [outcome, passing()])
+    rows = list(csv.DictReader((tmp_path / "gradebook.csv").open(newline="")))
+    maxima, carol, alice = rows
+    assert maxima["id"] == outputs.MAXIMA and float(maxima["score"]) == shipped.max_score
+    assert all(maxima[i.name] == (outputs.points(i.points) if i.points else "lesson (0 points)")
+               for i in shipped.items)
+    assert carol["reason"].startswith("run (world size 2): the run at world size 2 ended early: rank 1: "
+                                      "RuntimeError: rank 1 gives up"), carol["reason"]
+    lesson = "BatchNorm statistics averaged"  # 0 points: its column says what the grader taught
+    assert (carol[lesson], alice[lesson]) == (outputs.NOT_REACHED, "lesson"), (carol, alice)
+
+
+def test_one_score_everywhere_and_a_crash_never_ranks(tmp_path):
+    outcome, shipped = crashed(tmp_path)
+    assert outcome.rate_ratio is not None  # its world size 1 runs were timed beside the course lab's
+    outputs.gradebook_csv(tmp_path / "gradebook.csv", shipped, [outcome])
+    row = list(csv.DictReader((tmp_path / "gradebook.csv").open(newline="")))[1]
+    gradescope = outputs.gradescope_results(outcome, shipped)
+    prairielearn = outputs.prairielearn_results(outcome, shipped)
+    total = outcome.score
+    assert total is not None
+    assert row["score"] == outputs.points(total) and gradescope["score"] == total
+    assert prairielearn["score"] * shipped.max_score == round(total, 4) or abs(
+        prairielearn["score"] * shipped.max_score - total) < 1e-4
+    said = outputs.score_line(outcome, shipped)  # the visible score, named so, and the total it is part of
+    assert said.startswith("Visible score: ") and said in outputs.feedback_markdown(outcome, shipped, "")
+    assert prairielearn["message"].startswith(outputs.score_line(outcome, shipped, total=True))
+    assert f"({outputs.points(total)} / {outputs.points(shipped.max_score)})" in prairielearn["message"]
+    assert "leaderboard" not in gradescope and not outcome.finished
+    assert "leaderboard" in outputs.gradescope_results(passing(), shipped)
+
+
+def test_the_class_page_counts_the_crash_as_its_own_row_and_ranks_only_finished_runs(tmp_path):
+    outcome, shipped = crashed(tmp_path)
+    counts = outputs.failed_checks([outcome, passing()])
+    assert counts == {outputs.ENDED: 1}, counts  # no speed row, no shard row: those were not reached
+    summary = {"profile": "cpu-smoke", "lab": "ddp", "jobs": 1, "graded": 2, "ungradable": 0, "mean": "-",
+               "wall_seconds": 1.0, "sandbox": "none"}
+    page = outputs.class_page(tmp_path, shipped, [outcome, passing()], summary).read_text()
+    assert "a run ended early" in page and "RuntimeError: rank 1 gives up" in page  # the row, and carol's why
+    speed = page.split("<h2>Slowest and fastest</h2>", 1)[1].split("<h2>", 1)[0]
+    assert "alice" in speed and "carol" not in speed, speed
+
+
+def test_a_run_that_failed_its_own_check_went_to_its_end_and_a_crash_did_not():
+    own = {"provenance": {"argv": ["train.py"]}, "status": "failed", "reason": "a check failed",
+           "checks": {"order_changes_per_epoch": {"passed": False}}}
+    assert ran_to_its_checks(Sample("r", "failed", "rank 0 exited with code 1", 9.0, own))
+    raised = {**own, "checks": {}, "reason": "RuntimeError: [Gloo] connection closed by peer"}
+    assert not ran_to_its_checks(Sample("r", "failed", "rank 1 exited with code 1", 9.0, raised))
+    replaced = {**own, "lab_status": "ok"}  # the launcher's account replaced the program's: a rank died after
+    assert not ran_to_its_checks(Sample("r", "failed", "rank 1 was killed by SIGKILL", 9.0, replaced))
+    harness = {"provenance": {"written_by": "harness"}, "status": "failed", "checks": {}}
+    assert not ran_to_its_checks(Sample("r", "failed", "timed out", 9.0, harness))
