@@ -16,12 +16,15 @@ import json
 import shutil
 from pathlib import Path
 
+import jsonschema
+
 from harness.classgrade import outputs, rubric
 from harness.classgrade.classroom import ending_of, ran_to_its_checks
 from harness.classgrade.outputs import Outcome
 from harness.verdict.verdicts import LESSON, Sample, Verdict
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures/classgrade/crash-rank1"
+GRADESCOPE_SCHEMA = json.loads((FIXTURE.parent.parent / "gradescope/results.schema.json").read_text())
 WRONG_FIXES = ("DistributedSampler(dataset", "Wrap the model in DistributedDataParallel",
                "Call dist.init_process_group", "Look for work in the step loop")
 
@@ -116,13 +119,14 @@ def test_one_score_everywhere_and_a_crash_never_ranks(tmp_path):
     prairielearn = outputs.prairielearn_results(outcome, shipped)
     total = outcome.score
     assert total is not None
-    assert row["score"] == outputs.points(total) and gradescope["score"] == total
-    assert prairielearn["score"] * shipped.max_score == round(total, 4) or abs(
-        prairielearn["score"] * shipped.max_score - total) < 1e-4
+    assert total != outputs.rounded(total)  # partial credit: 6.3571 points, shown 6.36 everywhere
+    assert float(row["score"]) == gradescope["score"] == outputs.rounded(total)
+    assert abs(prairielearn["score"] * shipped.max_score - outputs.rounded(total)) < 1e-5
     said = outputs.score_line(outcome, shipped)  # the visible score, named so, and the total it is part of
     assert said.startswith("Visible score: ") and said in outputs.feedback_markdown(outcome, shipped, "")
     assert prairielearn["message"].startswith(outputs.score_line(outcome, shipped, total=True))
     assert f"({outputs.points(total)} / {outputs.points(shipped.max_score)})" in prairielearn["message"]
+    jsonschema.validate(gradescope, GRADESCOPE_SCHEMA)
     assert "leaderboard" not in gradescope and not outcome.finished
     assert "leaderboard" in outputs.gradescope_results(passing(), shipped)
 

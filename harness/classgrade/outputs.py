@@ -172,9 +172,13 @@ NOT_REACHED = "not reached"
 ENDED = "run"  # the lesson of a run that ended early: the class page's row for crashes, hangs and stops
 
 
+def rounded(value: float) -> float:
+    """Points as every output gives them: two decimals at most (6.3333 is 6.33 everywhere)."""
+    return round(value, 2)
+
+
 def points(value: float) -> str:
-    """Points as every output shows them: two decimals at most (6.3333 is 6.33 everywhere)."""
-    return f"{round(value, 2):g}"
+    return f"{rounded(value):g}"
 
 
 @dataclass(frozen=True)
@@ -350,7 +354,7 @@ def feedback_markdown(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str
         lines += ["## What to fix", ""]
         for f in told.causes:
             lines += _fix_lines(f, lesson_root)
-    if told.not_reached:
+    if told.not_reached and outcome.status == "graded":
         lines += ["## Not reached", "", NOT_REACHED_SAYS, ""]
         lines += [f"- {md_name(f.check)}" + (f" (world size {f.world_size})" if f.world_size else "")
                   + f": {md_code(f.saw)}" for f in told.not_reached]
@@ -393,7 +397,7 @@ def feedback_html(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str:
                          f"<td>{e(told.reasons[s.item.name])}</td></tr>" for s in shown) + "</table>")
     if told.causes:
         parts.append("<h2>What to fix</h2>" + _fix_rows(told.causes, lesson_root))
-    if told.not_reached:
+    if told.not_reached and outcome.status == "graded":
         parts.append(f"<h2>Not reached</h2><p>{e(NOT_REACHED_SAYS)}</p><ul>" + "".join(
             f"<li><b>{e(f.check)}</b>{f' (world size {f.world_size})' if f.world_size else ''}: {e(f.saw)}</li>"
             for f in told.not_reached) + "</ul>")
@@ -475,12 +479,12 @@ def gradescope_results(outcome: Outcome, rubric: Rubric, lesson_root: str = "",
     # status is optional there) and says "not comparable" in its tags and output instead. An item not
     # reached (a run ended before its checks) fails, tagged so.
     told = account(outcome, rubric, shown_only=False)
-    tests = [{"name": s.item.name, "score": s.score, "max_score": s.item.points,
+    tests = [{"name": s.item.name, "score": rounded(s.score), "max_score": s.item.points,
               **({"status": "passed" if s.passed else "failed"} if s.state != "not comparable" else
                  {"tags": ["not comparable"]}),
-              **({"tags": [NOT_REACHED]} if told.states[s.item.name] == NOT_REACHED else {}),
+              **({"tags": [NOT_REACHED]} if told.states[s.item.name] == NOT_REACHED and not s.passed else {}),
               "output": _item_output(s, told, lesson_root), "visibility": s.item.visibility} for s in outcome.scores]
-    results.update(score=outcome.score, tests=tests)
+    results.update(score=rounded(outcome.score or 0.0), tests=tests)
     if outcome.rate_ratio is not None and outcome.finished:  # a run that did not end well never ranks
         results["leaderboard"] = [{"name": LEADERBOARD, "value": round(outcome.rate_ratio, 3), "order": "desc"}]
     return results
@@ -494,12 +498,12 @@ def prairielearn_results(outcome: Outcome, rubric: Rubric, lesson_root: str = ""
         why = f"{UNGRADED.get(outcome.status, outcome.status)}: {outcome.reason}"
         return {"gradable": False, "format_errors": [why], "message": why, "output": feedback}
     shown = _visible_scores(outcome, rubric)
-    earned = outcome.score or 0.0
+    earned = rounded(outcome.score or 0.0)  # the gradebook's points
     told = account(outcome, rubric, shown_only=True)
     return {"gradable": True, "score": round(earned / rubric.max_score, 6) if rubric.max_score else 0.0,
             "message": score_line(outcome, rubric, total=True) + (f"; {told.first()}" if told.first() else ""),
             "output": feedback, "tests": [
-                {"name": s.item.name, "description": f"checks: {', '.join(s.item.checks)}", "points": s.score,
+                {"name": s.item.name, "description": f"checks: {', '.join(s.item.checks)}", "points": rounded(s.score),
                  "max_points": s.item.points,
                  "message": {"ok": "passed"}.get(told.states[s.item.name], told.states[s.item.name]),
                  "output": _item_output(s, told, lesson_root)} for s in shown]}
