@@ -338,11 +338,11 @@ def feedback_markdown(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str
         lines += [f"**{mode_banner(outcome.mode)}**", ""]
     if outcome.status != "graded":
         lines += [f"**Ungradable**: {md_code(outcome.reason)}", ""]
-    else:
-        if told.ended:  # the cause first: what ended the runs, before any score or consequence
-            lines += ["## What ended your run", ""]
-            for f in told.ended:
-                lines += _fix_lines(f, lesson_root)
+    if told.ended:  # the cause first: what ended the runs, before any score or consequence
+        lines += ["## What ended your run", ""]
+        for f in told.ended:
+            lines += _fix_lines(f, lesson_root)
+    if outcome.status == "graded":
         lines += [f"**{score_line(outcome, rubric)}**", "", "| item | points | | why |", "|---|---|---|---|"]
         lines += [f"| {md_cell(s.item.name)} | {points(s.score)} / {points(s.item.points)} | "
                   f"{told.states[s.item.name]} | {md_cell(told.reasons[s.item.name])} |" for s in shown]
@@ -387,9 +387,9 @@ def feedback_html(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str:
         parts.append(f"<p class='fail'><b>{e(mode_banner(outcome.mode))}</b></p>")
     if outcome.status != "graded":
         parts.append(f"<p class='fail'><b>Ungradable</b>: {e(outcome.reason)}</p>")
-    else:
-        if told.ended:
-            parts.append("<h2>What ended your run</h2>" + _fix_rows(told.ended, lesson_root))
+    if told.ended:
+        parts.append("<h2>What ended your run</h2>" + _fix_rows(told.ended, lesson_root))
+    if outcome.status == "graded":
         parts.append(f"<p>{e(score_line(outcome, rubric))}</p>"
                      "<table><tr><th>item</th><th>points</th><th></th><th>why</th></tr>" + "".join(
                          f"<tr class='{'pass' if s.passed else 'fail'}'><td>{e(s.item.name)}</td>"
