@@ -153,3 +153,25 @@ def test_a_run_that_failed_its_own_check_went_to_its_end_and_a_crash_did_not():
     assert not ran_to_its_checks(Sample("r", "failed", "rank 1 was killed by SIGKILL", 9.0, replaced))
     harness = {"provenance": {"written_by": "harness"}, "status": "failed", "checks": {}}
     assert not ran_to_its_checks(Sample("r", "failed", "timed out", 9.0, harness))
+
+
+def test_a_failed_check_that_ended_the_labs_run_is_the_cause_and_the_speed_it_left_unmeasured_is_not_reached():
+    """No set_epoch: the lab's own check fails, it exits 1 (the contract's "a check failed"), so the run
+    fails and no run is left to time. The check is what to fix; the failed run follows it; the speed row
+    is not reached, with no fix (not "look for work in the step loop"), and counts on no class page."""
+    shipped = rubric.load()
+    ended_by_check = "check order_changes_per_epoch failed (rank 0 exited with code 1 (launcher exit code 1))"
+    verdicts = [Verdict("ddp", 2, "run", "0/1 ok", "all ok", False, ended_by_check),
+                Verdict("ddp", 2, "observed:order_changes_per_epoch", "FAILED", "passed", False,
+                        "rank 0 trained in the same order in epochs 0 and 1"),
+                Verdict("ddp", 2, "img_per_sec_ratio", "not measured", ">= 0.406 x course lab", False,
+                        f"no run finished well to measure img_per_sec in (1 run(s) failed; the first: "
+                        f"{ended_by_check})")]
+    bob = Outcome("bob", "graded", "", shipped.score(verdicts), verdicts, {}, [], 30.0, None, sandboxed=False)
+    told = outputs.account(bob, shipped, shown_only=False)
+    assert [f.check for f in told.fixes] == ["observed:order_changes_per_epoch", "run"], told.fixes
+    assert [f.check for f in told.not_reached] == ["img_per_sec_ratio"] and told.states["speed"] == "not reached"
+    assert told.reasons["an honest record"].endswith("pays only when every run ends well; a run did not end well "
+                                                     "(see What to fix)"), told.reasons
+    assert outputs.failed_checks([bob]) == {"observed:order_changes_per_epoch": 1}
+    assert "Look for work in the step loop" not in json.dumps(outputs.gradescope_results(bob, shipped))

@@ -285,7 +285,7 @@ def _item_state(score: Score, judged: list[Verdict], unjudged: list[Verdict], ou
         return NOT_REACHED, f"{lost}not reached: " + (ending or _saw(unjudged[0]))
     runs = [v for v in outcome.verdicts if v.check == "run" and v.passed is False]
     if score.item.absent_passes:  # paid for nothing found wrong, where the runs themselves went well
-        why = ending or (f"a run did not end well ({_saw(runs[0])})" if runs else "no run of the program ended well")
+        why = ending or ("a run did not end well (see What to fix)" if runs else "no run of the program ended well")
         return NOT_REACHED, f"{lost}not reached: this item pays only when every run ends well; {why}"
     return NOT_REACHED, f"{lost}not reached: none of its checks was judged" + (f"; {ending}" if ending else
                                                                                 " (the runs ended before them)")
