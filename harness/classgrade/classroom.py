@@ -424,7 +424,8 @@ def finish_job(room: Classroom, ended: Ended, lesson_root: str) -> None:
         lines = jobs.read_log(folder / "stdout.log").strip().splitlines() or ["no output"]
         (folder / JOB_ERROR).write_text(f"job exit code {code}: {lines[-1][:500]}\n")
     outcome = write_pages(room, next(s for s in room.students if s.key == key), lesson_root)
-    points = f", {outcome.score:g} of {room.rubric.max_score:g}" if outcome.score is not None else ""
+    points = (f", {outputs.points(outcome.score)} of {outputs.points(room.rubric.max_score)}"
+              if outcome.score is not None else "")
     console.print(f"finished {key}: {outcome.status}{points}"
                   f"{f' (job exit code {code})' if code else ''}", markup=False)
 
