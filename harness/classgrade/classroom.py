@@ -140,6 +140,7 @@ def _logs(run_dirs: list[Path]) -> list[str]:
 
 
 RUN_JSON_BYTES = 1 << 20  # the harness's account of a run (run.json): a few KB
+SAID_CHARS = 300  # of a rank's last exception, as the run's reason keeps it (run/accounting.exception_said)
 # A traceback's frame: where in which file. The last one in the program's own file says where it failed.
 FRAME = re.compile(r'^(?:\[rank\d+\]:)?\s*File "([^"]+)", line (\d+), in (.+)$')  # torch prefixes "[rank1]:"
 
@@ -176,8 +177,8 @@ def ending_of(lab: str, world_size: int, sample: Sample, run_dir: Path, program:
     for each in dict.fromkeys(ranks):
         log = jobs.read_log(run_dir / f"rank.{each}.log")
         said = last_exception(log)
-        if said:
-            return outputs.Ending(lab, world_size, each, said, _where(log, program))
+        if said:  # the program's words: bounded here, quoted or escaped where shown
+            return outputs.Ending(lab, world_size, each, said[:SAID_CHARS], _where(log, program)[:SAID_CHARS])
     return outputs.Ending(lab, world_size, rank, sample.reason or "no reason given")
 
 
