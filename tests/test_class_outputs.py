@@ -90,6 +90,8 @@ def test_every_lost_point_says_why_in_every_output(tmp_path):
         if shipped.shown(score.item):
             assert reason.replace("|", "\\|") in feedback, (reason, feedback)
     # Items that pay only when the runs went well say so, and are not "to fix".
+    assert "Gloo" not in tests["runs to the end"]["output"], tests["runs to the end"]  # the cause, not its echo
+    assert "rank 1: RuntimeError: rank 1 gives up" in tests["runs to the end"]["output"]
     for name in ("an honest record", "resumes where it stopped"):
         assert told.states[name] == outputs.NOT_REACHED and "pays only when every run ends well" in told.reasons[
             name], told.reasons[name]

@@ -419,14 +419,16 @@ UNGRADED = {"ungradable": "Ungradable", "error": "Not graded: the grader failed,
 LEADERBOARD = "rate / course lab"  # the rate_ratio the class page sorts by: higher is faster
 
 
-def _failed_lines(score: Score, told: Account, lesson_root: str) -> list[str]:
+def _failed_lines(score: Score, told: Account, lesson_root: str, endings: list[Ending]) -> list[str]:
     """A failed item's checks, what the grader saw, and each lesson's fix with its link (Markdown); a
-    check not reached says so, with no fix of its own."""
+    check not reached says so, with no fix of its own; a run that ended early, what ended it."""
     lines = []
     missed = {(f.check, f.world_size) for f in told.not_reached}
+    ended = {(e.lab, e.world_size): e.headline() for e in endings}
     for v in score.failed:
         where = f" (world size {v.world_size})" if v.world_size else ""
-        lines.append(f"- **{md_name(v.check)}**{where}: {md_code(_saw(v))}")  # what a program wrote, quoted
+        saw = ended.get((v.lab, v.world_size), _saw(v)) if v.check == "run" else _saw(v)
+        lines.append(f"- **{md_name(v.check)}**{where}: {md_code(saw)}")  # what a program wrote, quoted
         lesson = lessons.lesson_for(v.check)
         if (v.check, v.world_size) in missed:
             lines.append(f"  - {NOT_REACHED}: a run ended before this could be judged; fix what ended it")
@@ -440,12 +442,12 @@ def not_comparable_lines(scores: list[Score]) -> list[str]:
     return [f"{s.item.name}: {v.lab} ws={v.world_size} {v.check} {v.detail}" for s in scores for v in s.not_comparable]
 
 
-def _item_output(score: Score, told: Account, lesson_root: str) -> str:
+def _item_output(score: Score, told: Account, lesson_root: str, endings: list[Ending]) -> str:
     if score.passed and score.not_comparable:
         return "\n".join(f"- {md_code(line)}" for line in not_comparable_lines([score]))
     if score.passed:
         return "passed"
-    return "\n".join([told.reasons[score.item.name], *_failed_lines(score, told, lesson_root)])
+    return "\n".join([told.reasons[score.item.name], *_failed_lines(score, told, lesson_root, endings)])
 
 
 def sandbox_mode(outcome: Outcome) -> str:
@@ -483,7 +485,8 @@ def gradescope_results(outcome: Outcome, rubric: Rubric, lesson_root: str = "",
               **({"status": "passed" if s.passed else "failed"} if s.state != "not comparable" else
                  {"tags": ["not comparable"]}),
               **({"tags": [NOT_REACHED]} if told.states[s.item.name] == NOT_REACHED and not s.passed else {}),
-              "output": _item_output(s, told, lesson_root), "visibility": s.item.visibility} for s in outcome.scores]
+              "output": _item_output(s, told, lesson_root, outcome.endings), "visibility": s.item.visibility}
+             for s in outcome.scores]
     results.update(score=rounded(outcome.score or 0.0), tests=tests)
     if outcome.rate_ratio is not None and outcome.finished:  # a run that did not end well never ranks
         results["leaderboard"] = [{"name": LEADERBOARD, "value": round(outcome.rate_ratio, 3), "order": "desc"}]
@@ -506,7 +509,7 @@ def prairielearn_results(outcome: Outcome, rubric: Rubric, lesson_root: str = ""
                 {"name": s.item.name, "description": f"checks: {', '.join(s.item.checks)}", "points": rounded(s.score),
                  "max_points": s.item.points,
                  "message": {"ok": "passed"}.get(told.states[s.item.name], told.states[s.item.name]),
-                 "output": _item_output(s, told, lesson_root)} for s in shown]}
+                 "output": _item_output(s, told, lesson_root, outcome.endings)} for s in shown]}
 
 
 # ------------------------------------------------------------------------------------ class page
