@@ -24,7 +24,7 @@ from harness.classgrade import lessons
 from harness.classgrade.rubric import Rubric, Score
 from harness.console import printable
 from harness.files import write_bytes, write_json
-from harness.report.pages import figures, md_cell, md_code, md_name, page
+from harness.report.pages import figures, md_cell, md_code, md_html, md_name, page
 from harness.verdict.verdicts import Verdict
 
 UNSANDBOXED = ("Graded WITHOUT the sandbox (--no-sandbox): submissions ran with the grader's rights; "
@@ -200,9 +200,9 @@ def feedback_html(outcome: Outcome, rubric: Rubric, lesson_root: str) -> str:
             lesson = f.lesson
             link = (f"<a href='{e(lesson_root + lesson.section)}'>{e(lesson.section)}</a>" if lesson else "")
             size = f"<br><small>world size {f.world_size}</small>" if f.world_size else ""
-            rows.append(f"<tr><td><b>{e(f.check)}</b>{size}</td><td>{e(f.saw)}</td>"
-                        f"<td>{e(lesson.meaning) if lesson else ''}</td>"
-                        f"<td>{e(lesson.fix) if lesson else ''}</td><td>{link}</td></tr>")
+            rows.append(f"<tr><td><b>{e(f.check)}</b>{size}</td><td class='said'>{e(f.saw)}</td>"
+                        f"<td>{md_html(lesson.meaning) if lesson else ''}</td>"
+                        f"<td>{md_html(lesson.fix) if lesson else ''}</td><td>{link}</td></tr>")
         parts.append("<h2>What to fix</h2><table><tr><th>check</th><th>what the grader saw</th><th>what it means</th>"
                      "<th>the fix</th><th>lesson</th></tr>" + "".join(rows) + "</table>")
     elif outcome.status == "graded":
@@ -355,7 +355,7 @@ def class_page(out_dir: Path, rubric: Rubric, outcomes: list[Outcome], summary: 
     image = _histogram(outcomes, rubric, out_dir / "scores.png")
     counts = failed_checks(outcomes)
     pitfalls = "".join(
-        f"<tr><td>{e(check)}</td><td>{n}</td><td>{e(lesson.fix) if (lesson := _lesson(check)) else ''}"
+        f"<tr><td>{e(check)}</td><td>{n}</td><td>{md_html(lesson.fix) if (lesson := _lesson(check)) else ''}"
         f"</td></tr>" for check, n in counts.most_common())
     timed = sorted((o for o in outcomes if o.seconds is not None and o.status == "graded"),
                    key=lambda o: (o.rate_ratio if o.rate_ratio is not None else -(o.seconds or 0.0)))
@@ -366,7 +366,8 @@ def class_page(out_dir: Path, rubric: Rubric, outcomes: list[Outcome], summary: 
     students = "".join(
         f"<tr class='{'fail' if o.status != 'graded' else ''}'>"
         f"<td><a href='feedback/{e(o.key)}.html'>{e(o.id)}</a></td>"
-        f"<td>{number(o.score)}</td><td>{e(o.status)}</td><td>{e(o.reason or '; '.join(o.findings()))}</td></tr>"
+        f"<td>{number(o.score)}</td><td>{e(o.status)}</td><td class='said'>{e(o.reason or '; '.join(o.findings()))}"
+        "</td></tr>"
         for o in outcomes)
     said = mode_banner(summary.get("sandbox", "bwrap" if summary.get("sandboxed", True) else "none"))
     banner = f"<p class='fail'><b>{e(said)}</b></p>" if said else ""
