@@ -179,6 +179,20 @@ def report_view(session: nox.Session) -> None:
         session.log(f"{shot}: open it and look")
 
 
+@nox.session(venv_backend="none", requires=["env"], default=False)
+def pages(session: nox.Session) -> None:
+    """The class page and each kind of feedback page in headless Chromium (tests/test_pages_browser.py):
+    nothing wider than 1280 px, no raw Markdown. Installs Debian's chromium where we are root."""
+    if not (shutil.which("chromium") or os.environ.get("DISTLAB_CHROMIUM")):
+        if os.geteuid() != 0 or not shutil.which("apt-get"):
+            session.error("needs Chromium: apt-get install chromium (as root), or DISTLAB_CHROMIUM=/path/to/chrome")
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        session.run("apt-get", "update", "-q", external=True, env=env)
+        session.run("apt-get", "install", "-y", "-q", "chromium", external=True, env=env)
+    _run_in_env(session, "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "tests/test_pages_browser.py",
+                *session.posargs)
+
+
 @nox.session(name="gpu-acceptance", venv_backend="none", requires=["env"], default=False)
 def gpu_acceptance(session: nox.Session) -> None:
     """On a fresh GPU host with internet: every lab on NCCL at world sizes 1..N, benchmarks, calibrate, grade."""

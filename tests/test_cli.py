@@ -84,6 +84,31 @@ def test_a_failure_reason_in_brackets_is_printed_as_text_not_markup(capsys, tmp_
     assert reason in out and "[rank0]: RuntimeError: [/__w/gloo/pair.cc:152] timed out" in out
 
 
+def test_a_smoke_run_says_it_is_too_small_to_learn_and_a_crowded_one_who_slowed_it(capsys):
+    """The summary of a real smoke run of the ddp lab (the replay fixture's: loss 3.06 to 5.04, accuracy
+    0.109), as `distlab run ddp -n 2 -- --smoke` prints it; then the same run with the cpu account of the
+    run issue 49 met, other processes on 1.57 of the 2 cores."""
+    import dataclasses
+
+    from test_replay import FIXTURE, stored_result
+
+    from harness.run.notes import run_notes
+
+    result = stored_result(str(next((FIXTURE / "ddp").glob("*-ws2-torchrun"))))
+    notes = run_notes("ddp", ["--smoke"], result)
+    assert notes == ["a smoke run is too small to learn from (loss 3.06 to 5.04, accuracy 0.109, chance 0.1): it "
+                     "shows that the ranks train together, not that the model learns. For a run that learns on a "
+                     "CPU in about a minute, see labs/TRAINING.md (Accuracy on CPU); to repeat the grader's checks, "
+                     "distlab grade --program ddp=yours.py"]  # others kept 0.01 of the cores busy: no word of it
+    assert run_notes("ddp", [], result) == []  # the same figures from a run that is no smoke run: its own to read
+    crowded = dataclasses.replace(result, cpu={**(result.cpu or {}), "others_cores": 1.57, "run_queue": 4.1})
+    run_command.print_summary(crowded, run_notes("ddp", ["--smoke"], crowded))
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith(f"ok in {result.wall_seconds:.1f} s")
+    assert ("note: other processes kept 1.57 of the 2 core(s) busy while it ran (run queue 4.1): it waited for "
+            "cores, so its time is longer than on free cores note: a smoke run is too small to learn from") in out
+
+
 def test_version_and_launcher_spellings(capsys, tmp_path):
     with pytest.raises(SystemExit) as stop:
         cli.build_parser().parse_args(["--version"])

@@ -88,8 +88,11 @@ def test_cell_checks_status_required_checks_and_time():
     assert not verdicts["check:shards_disjoint"].passed  # a program that does not report it fails
     assert "has no check 'shards_disjoint'" in verdicts["check:shards_disjoint"].detail
     assert not verdicts["time"].passed
-    failing = evaluate_cell(exp, 2, [sample(checks={"params_identical": {"passed": False, "digests": 2}})])
-    assert not {v.check: v for v in failing}["check:params_identical"].passed
+    failing = evaluate_cell(exp, 2, [sample(checks={"params_identical": {"passed": False, "digests": 2,
+                                                                         "ranks_apart": [0, 1]}})])
+    said = {v.check: v for v in failing}["check:params_identical"]
+    # In words, never the record's dict as Python prints it ("{'digests': 2, ...}") in a student's feedback.
+    assert not said.passed and said.detail == "the record's own check failed: digests 2; ranks apart 0, 1"
     crashed = evaluate_cell(exp, 2, [sample(status="failed")])
     assert not crashed[0].passed and crashed[0].detail == "boom"
 

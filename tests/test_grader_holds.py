@@ -136,7 +136,10 @@ def test_a_sample_fetched_twice_fails_shards_disjoint(tmp_path):
 
 def test_the_same_order_in_two_epochs_fails_order_changes(tmp_path):
     same = {r: {"loader_passes": [p["loader_passes"][0]] * 2} for r, p in HALVES.items()}
-    assert not judged(tmp_path / "a", same)["order_changes_per_epoch"].passed
+    check = judged(tmp_path / "a", same)["order_changes_per_epoch"]
+    # The second is a rank, said so: a bare "(and 1 more)" after "epochs 0 and 1" reads as an epoch.
+    assert not check.passed and check.detail.startswith(
+        "rank 0 trained in the same order in epochs 0 and 1 (and 1 more rank) (a sampler repeats"), check.detail
     changed = {r: {"loader_passes": [p["loader_passes"][0], epoch(p["loader_passes"][0]["indices"][::-1])]}
                for r, p in HALVES.items()}
     assert judged(tmp_path / "b", changed)["order_changes_per_epoch"].passed

@@ -95,9 +95,9 @@ LESSONS = {
     "run": Lesson(
         "The run did not end well: a rank failed, hung, or broke the contract. The reason names the rank and "
         "its last exception.",
-        "Run it yourself at the world size that failed (`distlab run ddp -n N --program yours.py -- --smoke`; "
-        "the grader starts a student's DDP program under torchrun at world size 1 too, `distlab run` with "
-        "plain python there unless given --launcher torchrun) and read the failing rank's log.",
+        "Repeat the grader's checks on your machine: `distlab grade --program ddp=yours.py` runs your program as "
+        "the grader does, at each world size, and prints what failed; to read a failing rank's log, run it "
+        "alone with `distlab run ddp -n N --launcher torchrun --program yours.py -- --smoke`.",
         f"{CONTRACT}#the-contract"),
     "time": Lesson(
         "The slowest run took longer than the profile's time budget.",

@@ -30,7 +30,7 @@ from harness.classgrade import lessons
 from harness.classgrade.rubric import Rubric, Score
 from harness.console import printable
 from harness.files import write_bytes, write_json
-from harness.report.pages import figures, md_cell, md_code, md_name, page
+from harness.report.pages import figures, md_cell, md_code, md_html, md_name, page
 from harness.verdict.verdicts import Verdict, is_lesson
 
 UNSANDBOXED = ("Graded WITHOUT the sandbox (--no-sandbox): submissions ran with the grader's rights; "
@@ -371,9 +371,9 @@ def _fix_rows(found: list[Finding], lesson_root: str) -> str:
         lesson = f.lesson
         link = f"<a href='{e(lesson_root + lesson.section)}'>{e(lesson.section)}</a>" if lesson else ""
         size = f"<br><small>world size {f.world_size}</small>" if f.world_size else ""
-        rows.append(f"<tr><td><b>{e(f.check)}</b>{size}</td><td>{e(f.saw)}</td>"
-                    f"<td>{e(lesson.meaning) if lesson else ''}</td>"
-                    f"<td>{e(lesson.fix) if lesson else ''}</td><td>{link}</td></tr>")
+        rows.append(f"<tr><td><b>{e(f.check)}</b>{size}</td><td class='said'>{e(f.saw)}</td>"
+                    f"<td>{md_html(lesson.meaning) if lesson else ''}</td>"
+                    f"<td>{md_html(lesson.fix) if lesson else ''}</td><td>{link}</td></tr>")
     return ("<table><tr><th>check</th><th>what the grader saw</th><th>what it means</th><th>the fix</th>"
             "<th>lesson</th></tr>" + "".join(rows) + "</table>")
 
@@ -566,7 +566,8 @@ def class_page(out_dir: Path, rubric: Rubric, outcomes: list[Outcome], summary: 
     counts = failed_checks(outcomes)
     pitfalls = "".join(
         f"<tr><td>{e(PITFALL_NAMES.get(check, check))}</td><td>{n}</td>"
-        f"<td>{e(lesson.fix) if (lesson := _lesson(check)) else ''}</td></tr>" for check, n in counts.most_common())
+        f"<td>{md_html(lesson.fix) if (lesson := _lesson(check)) else ''}</td></tr>"
+        for check, n in counts.most_common())
     # Only a program whose runs all ended well ranks: a crash's wall time says nothing of its speed.
     timed = sorted((o for o in outcomes if o.seconds is not None and o.finished),
                    key=lambda o: (o.rate_ratio if o.rate_ratio is not None else -(o.seconds or 0.0)))
@@ -578,7 +579,8 @@ def class_page(out_dir: Path, rubric: Rubric, outcomes: list[Outcome], summary: 
         f"<tr class='{'fail' if o.status != 'graded' else ''}'>"
         f"<td><a href='feedback/{e(o.key)}.html'>{e(o.id)}</a></td>"
         f"<td>{'' if o.score is None else points(o.score)}</td><td>{e(o.status)}</td>"
-        f"<td>{e(o.reason or (why(o, rubric) if o.status == 'graded' else '; '.join(o.findings())))}</td></tr>"
+        f"<td class='said'>{e(o.reason or (why(o, rubric) if o.status == 'graded' else '; '.join(o.findings())))}"
+        "</td></tr>"
         for o in outcomes)
     said = mode_banner(summary.get("sandbox", "bwrap" if summary.get("sandboxed", True) else "none"))
     banner = f"<p class='fail'><b>{e(said)}</b></p>" if said else ""

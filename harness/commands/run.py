@@ -13,6 +13,7 @@ from harness.console import console, print_json
 from harness.run import request as requests
 from harness.run.launch import dry_run
 from harness.run.launchers import LAUNCHERS
+from harness.run.notes import run_notes
 from harness.run.output import tail
 from harness.run.runner import run_lab
 from harness.run.state import RunResult
@@ -57,9 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true", help="print the launcher command and start nothing")
 
 
-def print_summary(result: RunResult) -> None:
-    """A run's outcome for people: metrics or the reason, the failing rank's last lines, where it all is.
-    Everything from the lab is printed as text, never as rich markup."""
+def print_summary(result: RunResult, notes: list[str] | None = None) -> None:
+    """A run's outcome for people: metrics or the reason, the failing rank's last lines, what the
+    figures do not say by themselves (notes.run_notes), where it all is. Everything from the lab is
+    printed as text, never as rich markup."""
     if result.ok:
         metrics = (result.record or {}).get("metrics", {})
         shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
@@ -79,6 +81,8 @@ def print_summary(result: RunResult) -> None:
             if log.exists():
                 console.print(f"--- last lines of rank {rank} ({log}) ---", markup=False)
                 console.print(tail(log), markup=False)
+    for note in notes or []:
+        console.print(f"note: {note}", markup=False)
     console.print(f"run directory: {result.run_dir}", markup=False)
 
 
@@ -90,9 +94,10 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     console.print(f"distlab run: {request.lab} world_size={request.world_size} launcher={request.launcher} "
                   f"backend={request.backend} ({request.backend_reason}) threads/rank={request.threads}", markup=False)
     result = run_lab(request, echo=not args.json)  # with --json, stdout carries the summary alone
-    print_summary(result)
+    notes = run_notes(request.lab, request.lab_args, result)
+    print_summary(result, notes)
     if args.json:
         print_json({"run_dir": str(result.run_dir), "status": result.status, "reason": result.reason,
                     "wall_seconds": result.wall_seconds, "hang_suspected": result.hang_suspected,
-                    "metrics": (result.record or {}).get("metrics", {})})
+                    "metrics": (result.record or {}).get("metrics", {}), "notes": notes})
     return 0 if result.ok else 1

@@ -348,7 +348,7 @@ def check_shards(ranks: list[RankObservation], train_set_size: int | None) -> li
                        f"{distinct} of {size} samples" + (f" and {outside} indices outside it" if outside else "")
                        + f" (at least {required} required: {size} minus global batch {global_batch} less one)"))
 
-    disjoint = (Check("shards_disjoint", False, _first(overlaps) + note) if overlaps else
+    disjoint = (Check("shards_disjoint", False, _first(overlaps, "overlap") + note) if overlaps else
                 Check("shards_disjoint", True, f"no sample fetched twice in any of {epochs} training epoch(s) "
                                                f"over {len(ranks)} rank(s){note}"))
     failing = [(e, what) for e, ok, what in covers if not ok]
@@ -370,12 +370,13 @@ def check_order_changes(ranks: list[RankObservation]) -> Check:
     if epochs < 2:
         return Check(name, True, f"not applicable: {epochs} training epoch(s) observed, 2 or more needed to compare",
                      applicable=False)
-    repeats = [f"rank {r.rank} trained in the same order in epochs {e - 1} and {e}"
-               for r in ranks for e in range(1, epochs)
-               if r.training_epochs[e].indices == r.training_epochs[e - 1].indices]
+    same = {r.rank: [f"{e - 1} and {e}" for e in range(1, epochs)
+                     if r.training_epochs[e].indices == r.training_epochs[e - 1].indices] for r in ranks}
+    repeats = [f"rank {rank} trained in the same order in epochs {', '.join(pairs)}"
+               for rank, pairs in same.items() if pairs]  # one a rank: what "(and 1 more rank)" counts
     if repeats:
-        return Check(name, False, _first(repeats) + " (a sampler repeats its order when set_epoch is not called)"
-                     + note)
+        return Check(name, False, _first(repeats, "rank") + " (a sampler repeats its order when set_epoch is not "
+                     "called)" + note)
     return Check(name, True, f"every rank's order changed between each of its {epochs} training epochs{note}")
 
 
@@ -608,7 +609,7 @@ def check_checkpoints(found: list[dict[str, Any]]) -> Check:
         entry = failing[0]
         return Check(name, False, f"{entry['path']} (rank {entry['rank']}'s last checkpoint) does not load into "
                                   f"{entry.get('into', 'the model')}: {entry['detail']}"
-                     + (f" (and {len(failing) - 1} more)" if len(failing) > 1 else ""))
+                     + (f" (and the last checkpoint of {len(failing) - 1} more rank(s))" if len(failing) > 1 else ""))
     return Check(name, True, "; ".join(f"{entry['path']} (rank {entry['rank']}'s last checkpoint) loads into "
                                        f"{entry.get('into', 'the model')}: {entry['detail']}" for entry in checked))
 
@@ -618,12 +619,15 @@ def check_observer(observations: Observations) -> Check:
     problems = observations.problems + [f"rank {r.rank}: {error}" for r in observations.ranks.values()
                                         for error in r.errors]
     if problems:
-        return Check("observer", False, _first(problems))
+        return Check("observer", False, _first(problems, "problem"))
     return Check("observer", True, f"observations complete from {len(observations.ranks)} rank(s)")
 
 
-def _first(items: list[str]) -> str:
-    return items[0] + (f" (and {len(items) - 1} more)" if len(items) > 1 else "")
+def _first(items: list[str], each: str) -> str:
+    """The first of several findings, and how many more of what (`each`: "rank", "overlap"): a bare
+    "(and 1 more)" after "in epochs 0 and 1" reads as one more epoch."""
+    more = len(items) - 1
+    return items[0] + (f" (and {more} more {each}{'s' if more > 1 else ''})" if more else "")
 
 
 def _join(numbers: list[int], last: str = ", ") -> str:

@@ -80,7 +80,8 @@ def check_resume(uninterrupted: Observations, stopped: Observations, resumed: Ob
             problems.append(f"rank {rank} resumed at epoch {start} after {len(before)} had finished: epoch(s) "
                             f"{', '.join(str(e) for e in range(len(before), start))} never trained")
     if problems:
-        return Check(NAME, False, problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        more = len(problems) - 1  # one a rank: a bare "(and 1 more)" after "epoch(s) 1" reads as an epoch
+        return Check(NAME, False, problems[0] + (f" (and {more} more rank{'s' if more > 1 else ''})" if more else ""))
     epochs = len(uninterrupted.ranks[ranks[0]].training_epochs)
     return Check(NAME, True, f"every rank resumed at epoch {after}: the {after} epoch(s) before the stop and the "
                              f"{epochs - after} after the restart drew the uninterrupted run's samples in its order, "

@@ -23,6 +23,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from markdown_it import MarkdownIt
 from rich.markup import escape
 from rich.table import Table
 
@@ -117,6 +118,17 @@ def md_name(text: str) -> str:
     return text if _PLAIN.fullmatch(text) else md_code(text)
 
 
+# CommonMark with raw HTML off: markdown-it-py, which rich (a dependency) is built on. Course text only.
+_MARKDOWN = MarkdownIt("commonmark", {"html": False})
+
+
+def md_html(text: str) -> str:
+    """The course's own Markdown (a lesson's meaning and fix, a line of ours with `code` in it) as
+    inline HTML: code spans, emphasis and links rendered, any HTML in it escaped. Never for text a
+    program wrote: that is escaped and shown as it is (html.escape, outputs.html_text)."""
+    return _MARKDOWN.renderInline(printable(str(text)))
+
+
 def _rows(verdicts: list[Verdict]) -> str:
     e = html.escape
     return "\n".join(
@@ -172,12 +184,17 @@ def figures(images: list[Path]) -> str:
 
 
 def page(title: str, body: str) -> str:
-    """One HTML page, one style, for every report: `title` already escaped, `body` already HTML."""
+    """One HTML page, one style, for every report: `title` already escaped, `body` already HTML. A cell of
+    class "said" holds what a program wrote (an error with a 70-character path in it): it may break
+    anywhere, so that its table fits a 1280 px page; the course's own words break between words only."""
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{title}</title>
-<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;margin-bottom:1em}}
-td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}} .fail{{background:#fdd}} .pass{{background:#dfd}}
-.na{{color:#888}} img{{max-width:100%}} summary{{cursor:pointer;font-size:1.2em}}</style></head><body>
+<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;margin-bottom:1em;max-width:100%}}
+td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top;overflow-wrap:break-word}}
+.said{{overflow-wrap:anywhere;min-width:16em}}
+.fail{{background:#fdd}} .pass{{background:#dfd}} .na{{color:#888}} img{{max-width:100%}}
+code{{background:#f3f3f3;padding:0 2px;overflow-wrap:anywhere}} summary{{cursor:pointer;font-size:1.2em}}</style>
+</head><body>
 {body}</body></html>
 """
 

@@ -18,6 +18,7 @@ import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PROC_STAT = Path("/proc/stat")
 PROC_LOADAVG = Path("/proc/loadavg")
@@ -26,6 +27,11 @@ STEAL_COLUMN = 7
 # ones a CPU spent running something: guest time is inside user already, and steal is time another
 # virtual machine took from this one's CPU, so it is counted as someone else's.
 BUSY_COLUMNS = (0, 1, 2, 5, 6, 7)
+# Other processes' load a run may have beside it and still count as having its cores: half a core.
+# Less than one CPU-bound program takes beside it (the scheduler shares the cores fairly: beside 2
+# threads on 2 cores it gets 2/3 of a core, two such programs a core between them), more than the
+# kernel's own work and an idle shell or editor.
+OTHERS_TOLERANCE = 0.5
 
 
 @dataclass(frozen=True)
@@ -92,3 +98,22 @@ class RunQueue:
 
     def mean(self) -> float | None:
         return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+def _count(value: Any) -> Any:
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
+
+
+def contended(cpu: dict[str, Any]) -> bool:
+    """Whether, in a run's cpu account (run/accounting.py, cpu_account), the other processes and the
+    run's own ranks x threads wanted more than our CPUs by over OTHERS_TOLERANCE (a quota's share of
+    a big host beside busy tenants on other CPUs does not count), or a hypervisor stole that much:
+    the run waited for cores, whatever its program did. The speed verdicts (verdict/verdicts.py,
+    interference) and `distlab run`'s summary read it."""
+    others, steal = _count(cpu.get("others_cores")), _count(cpu.get("steal_cores")) or 0.0
+    cores = _count(cpu.get("cores"))
+    cpus = _count(cpu.get("cpus")) or cores
+    wanted = (_count(cpu.get("ranks_here")) or cores or 1) * (_count(cpu.get("threads_per_rank")) or 1)
+    if others is not None and cpus and others + min(wanted, cores or wanted) > cpus + OTHERS_TOLERANCE:
+        return True
+    return bool(steal > OTHERS_TOLERANCE)

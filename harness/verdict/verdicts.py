@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from harness.console import fmt
+from harness.run.cpu_time import OTHERS_TOLERANCE, contended
 from harness.verdict.profiles import Band, LabExpectation, Profile
 from harness.verdict.stats import Interval, mean_ci, ratio_interval, ratio_of_intervals
 
@@ -81,11 +82,6 @@ def is_lesson(verdict: Verdict) -> bool:
     return verdict.passed is None and verdict.measured == LESSON
 
 
-# Other processes' load a multi-threaded run may have beside it and still be judged: half a core.
-# Less than one CPU-bound program takes beside it (the scheduler shares the cores fairly: beside 2
-# threads on 2 cores it gets 2/3 of a core, two such programs a core between them), more than the
-# kernel's own work and an idle shell or editor.
-OTHERS_TOLERANCE = 0.5
 
 
 def speed_not_judged(samples: list[Sample]) -> str | None:
@@ -171,19 +167,10 @@ def interference(samples: list[Sample]) -> Interference:
         values = [v for s in samples if isinstance(s.cpu, dict) if (v := _count(s.cpu.get(key))) is not None]
         return max(values) if values else None
 
-    contended = False
-    for sample in samples:
-        cpu = sample.cpu if isinstance(sample.cpu, dict) else {}
-        others, steal = _count(cpu.get("others_cores")), _count(cpu.get("steal_cores")) or 0.0
-        cores = _count(cpu.get("cores"))
-        cpus = _count(cpu.get("cpus")) or cores
-        wanted = (_count(cpu.get("ranks_here")) or cores or 1) * (_count(cpu.get("threads_per_rank")) or 1)
-        if others is not None and cpus and others + min(wanted, cores or wanted) > cpus + OTHERS_TOLERANCE:
-            contended = True
-        contended |= steal > OTHERS_TOLERANCE
+    crowded = any(contended(sample.cpu) for sample in samples if isinstance(sample.cpu, dict))
     cores = most("cores")
     return Interference(most("others_cores"), most("steal_cores"), most("run_queue"),
-                        None if cores is None else int(cores), contended)
+                        None if cores is None else int(cores), crowded)
 
 
 PASS, FAIL, UNDECIDED, BIASED = "pass", "fail", "undecided", "biased"
@@ -328,6 +315,18 @@ def within(distance: float, tolerance: float) -> float | None:
     return 1 - distance / tolerance if tolerance else None
 
 
+def said(fields: dict[str, Any]) -> str:
+    """What a record's check says, in words a student reads: "epochs compared 2; ranks repeating an
+    order 0, 1", never a Python dict's repr."""
+    def value(v: Any) -> str:
+        if isinstance(v, dict):
+            return "(" + said(v) + ")"
+        if isinstance(v, (list, tuple)):
+            return ", ".join(value(x) for x in v) or "none"
+        return fmt(v) if isinstance(v, float) else str(v)
+    return "; ".join(f"{str(k).replace('_', ' ')} {value(v)}" for k, v in fields.items())
+
+
 def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
                   reference: float | None = None) -> list[Verdict]:
     """Everything checked on the runs of one lab at one world size (`reference`: see band_verdict)."""
@@ -347,9 +346,9 @@ def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
                                     f"the record has no check '{name}' (required for this lab)"))
         else:
             checks = (samples[0].record or {})["checks"]  # every sample has the check: none is missing
-            detail = {k: v for k, v in checks[name].items() if k != "passed"} if bad else ""
+            detail = {k: v for k, v in checks[name].items() if k != "passed"} if bad else {}
             verdicts.append(Verdict(lab, world_size, f"check:{name}", "passed" if not bad else "FAILED", "passed",
-                                    not bad, str(detail) if detail else ""))
+                                    not bad, f"the record's own check failed: {said(detail)}" if detail else ""))
     verdicts += observed_verdicts(lab, world_size, samples)
     ok_samples = [s for s in samples if s.status == "ok"]
     verdicts.append(time_verdict(exp, world_size, samples))
