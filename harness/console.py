@@ -1,8 +1,10 @@
 """Where the harness talks to people: one console, and progress that suits where output goes.
 
-On a terminal a run sequence shows a bar with done/total, elapsed time and ETA, and the current
-run's last line; in a file or a CI log (no terminal, no redraws) it prints one plain line per
-finished run instead, so `distlab grade > log` shows progress as it happens.
+On a terminal a run sequence shows a bar with done/total, elapsed time and an estimate of the time
+left, and the current run's last line; in a file or a CI log (no terminal, no redraws) it prints one
+plain line per finished run instead, so `distlab grade > log` shows progress as it happens. Every
+estimate is made of what was measured (the runs done so far) or, before any, of the profile's time
+budgets, and says which.
 """
 
 from __future__ import annotations
@@ -10,33 +12,76 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 
 console = Console(highlight=False, soft_wrap=True)
 
 
-class RunProgress:
-    """Told when a run starts, prints a line of output, and ends."""
+def duration(seconds: float) -> str:
+    """A span of time as people read it: "40 s", "7 min 5 s", "1 h 12 min"."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s" if seconds < 600 else f"{round(seconds / 60)} min"
+    return f"{seconds // 3600} h {round(seconds % 3600 / 60)} min"
 
-    def __init__(self, total: int, progress: Progress | None) -> None:
+
+def time_left(run_seconds: list[float], runs_left: int, at_once: int = 1, budget_s: float | None = None) -> str:
+    """What is left, estimated from what was measured, saying from what: the mean wall time of the runs
+    done so far (`run_seconds`), `at_once` at a time; before any is done, the profile's time budgets
+    (`budget_s`, for all that is left); "" where neither is known."""
+    if runs_left <= 0:
+        return ""
+    if run_seconds:
+        mean = sum(run_seconds) / len(run_seconds)
+        return (f"about {duration(runs_left * mean / max(1, at_once))} left ({runs_left} run(s) at {mean:.0f} s, "
+                f"the mean of the {len(run_seconds)} done{f', {at_once} at once' if at_once > 1 else ''})")
+    if budget_s:
+        return f"about {duration(budget_s)} left by the profile's time budgets (no run done yet)"
+    return ""
+
+
+class RunProgress:
+    """Told when a run starts, prints a line of output, and ends; `on_event` (if given) is told each
+    of those as data (a class grade's job passes them to the grader, which shows them)."""
+
+    def __init__(self, total: int, progress: Progress | None, budget_s: float | None = None,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.total, self.finished, self._progress = total, 0, progress
-        self._task = progress.add_task("starting", total=total) if progress else None
-        self._label = ""
+        self.budget_s, self._on_event = budget_s, on_event
+        self.run_seconds: list[float] = []  # each finished run's wall time: what the estimate is made of
+        self._task = progress.add_task("starting", total=total, left=self.left()) if progress else None
+        self._label, self._started = "", time.monotonic()
+
+    def left(self) -> str:
+        """The estimate of what is left: the runs done so far, else the share of the profile's budgets."""
+        budget = self.budget_s * (self.total - self.finished) / self.total if self.budget_s and self.total else None
+        return time_left(self.run_seconds, self.total - self.finished, budget_s=budget)
+
+    def _tell(self, event: str, **fields: Any) -> None:
+        if self._on_event is not None:
+            self._on_event({"event": event, "run": self.finished + (event == "started"), "of": self.total,
+                            **fields})
 
     def add(self, runs: int) -> None:
         """Runs that were not planned at the start (a speed row's extra pairs)."""
         self.total += runs
         if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, total=self.total)
+            self._progress.update(self._task, total=self.total, left=self.left())
+        self._tell("added")
 
     def started(self, label: str) -> None:
-        self._label = label
+        self._label, self._started = label, time.monotonic()
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, description=label)
+        self._tell("started", label=label)
 
     def line(self, text: str) -> None:
         if self._progress is not None and self._task is not None:
@@ -44,21 +89,32 @@ class RunProgress:
 
     def ended(self, outcome: str) -> None:
         self.finished += 1
+        self.run_seconds.append(time.monotonic() - self._started)
         if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, advance=1)
+            self._progress.update(self._task, advance=1, left=self.left())
         else:  # a log: one line per run, as text (outcomes quote the lab's output)
-            console.print(f"[{self.finished}/{self.total}] {self._label}: {outcome}", markup=False)
+            left = self.left()
+            console.print(f"[{self.finished}/{self.total}] {self._label}: {outcome}{f'; {left}' if left else ''}",
+                          markup=False)
+        self._tell("ended", label=self._label, outcome=outcome, seconds=self.run_seconds[-1])
 
 
 @contextmanager
-def run_progress(total: int) -> Iterator[RunProgress]:
+def run_progress(total: int, budget_s: float | None = None,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> Iterator[RunProgress]:
+    """A sequence of `total` runs shown: a bar on a terminal, a line per finished run elsewhere."""
     if not console.is_terminal:
-        yield RunProgress(total, None)
+        yield RunProgress(total, None, budget_s, on_event)
         return
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        yield RunProgress(total, progress)
+    with Progress(*bar_columns(), console=console, transient=True) as progress:
+        yield RunProgress(total, progress, budget_s, on_event)
+
+
+def bar_columns() -> tuple[ProgressColumn, ...]:
+    """A progress bar's columns: what runs, the bar, done of total, time so far, the estimate (a task's
+    `left` field: time_left's words, which say what it was made of)."""
+    return (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("{task.fields[left]}"))
 
 
 def fmt(value: float | None, scale: float = 1.0, spec: str = ".4g") -> str:

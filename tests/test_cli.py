@@ -169,11 +169,16 @@ def test_calibrate_refuses_a_folder_it_cannot_write_before_any_run(capsys, tmp_p
 def test_progress_in_a_log_is_one_plain_line_per_finished_run(capsys):
     from harness.console import RunProgress
 
-    progress = RunProgress(2, None)  # what run_progress gives when output is not a terminal
+    told = []
+    progress = RunProgress(2, None, on_event=told.append)  # what run_progress gives when output is not a terminal
     progress.started("ddp ws=2 run 1/1")
     progress.line("epoch 1 [bold]")  # a lab's output: never printed as markup, not printed per line
     progress.ended("FAILED: [/x] boom")
-    assert capsys.readouterr().out == "[1/2] ddp ws=2 run 1/1: FAILED: [/x] boom\n"
+    # The run, how it ended, and what is left estimated from the run measured (its wall time here).
+    assert re.fullmatch(r"\[1/2\] ddp ws=2 run 1/1: FAILED: \[/x\] boom; about \d+ s left "
+                        r"\(1 run\(s\) at \d+ s, the mean of the 1 done\)\n", capsys.readouterr().out)
+    assert [(e["event"], e["run"], e["of"]) for e in told] == [("started", 1, 2), ("ended", 1, 2)]
+    assert told[1]["outcome"] == "FAILED: [/x] boom" and told[1]["seconds"] >= 0
 
 
 @pytest.mark.integration

@@ -29,6 +29,7 @@ import signal
 import statistics
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,10 +38,11 @@ from harness.catalog import REPO, find_lab
 from harness.classgrade import cluster, lessons, outputs, rubric
 from harness.classgrade import job as jobs
 from harness.classgrade.pool import Ended, Pool, default_jobs, gpus_of, job_deadline_s
+from harness.classgrade.progress import class_progress
 from harness.classgrade.sandbox import enter, private
 from harness.classgrade.sandbox.uid import closed_folder
 from harness.classgrade.submissions import Submission, find_submissions
-from harness.console import console
+from harness.console import console, print_json
 from harness.files import read_json, write_json
 from harness.grading.judge import judge
 from harness.grading.plan import GradePlan
@@ -53,6 +55,7 @@ from harness.verdict.pairing import reference_rates
 from harness.verdict.verdicts import NOT_RUN, Sample
 from labs.common.host import fingerprint
 
+EVENT_WAIT_S = 0.2  # the longest the pool waits for a job's event: its deadlines are looked at as often
 JOB_ERROR = "job-error.txt"  # in a job's folder: the job process failed (not the submission)
 GRADER_PATH = re.compile(r"/[^\s'\",:()]+")  # an absolute path in the grader's own error, shown to no student
 STORED_BYTES = 1 << 30  # a job's observations.json: a smoke class's are under 1 MiB, a full lab's a few MiB
@@ -77,6 +80,7 @@ class ClassRequest:
     lessons: str | None = None  # where feedback links the lesson pages; None: this checkout
     slurm: bool = False  # each job a task of a Slurm job array (cluster.py)
     sbatch_args: list[str] = dataclasses.field(default_factory=list)  # --slurm: the array's own sbatch options
+    dry_run: bool = False  # the class opened to be planned (class_plan.py): nothing written, not even the results root
 
     @property
     def sandboxed(self) -> bool:
@@ -372,7 +376,8 @@ def open_class(request: ClassRequest) -> Classroom:
         # On Slurm, the cluster places the tasks: this host's cores say nothing of its nodes.
         room.size = request.jobs or (len(gradable) if request.slurm
                                      else default_jobs(room.probe_plan, fingerprint()["gpus"] or 0))
-    claim_results_root(request.results)  # the last refusal: made only once everything else was accepted
+    if not request.dry_run:
+        claim_results_root(request.results)  # the last refusal: made only once everything else was accepted
     return room
 
 
@@ -414,9 +419,11 @@ def new_job(room: Classroom, student: Submission, slot: int, gpus: list[int] | N
     return job
 
 
-def finish_job(room: Classroom, ended: Ended, lesson_root: str) -> None:
+def finish_job(room: Classroom, ended: Ended, lesson_root: str,
+               counted: Callable[[str], str] | None = None) -> None:
     """A job that ended, here or on a node: the grader's own failure marked (said, never scored), the
-    student's outcome judged and its pages written."""
+    student's outcome judged and its pages written; `counted`: the class's progress told (its count
+    and estimate, said on the same line)."""
     key, code = ended.student, ended.code
     folder = Path((room.stored[key] or {})["folder"])  # stored when the job was started
     if ended.reason:  # the grader's own work went wrong (a deadline, its memory, its Slurm task)
@@ -428,7 +435,8 @@ def finish_job(room: Classroom, ended: Ended, lesson_root: str) -> None:
     points = (f", {outputs.points(outcome.score)} of {outputs.points(room.rubric.max_score)}"
               if outcome.score is not None else "")
     console.print(f"finished {key}: {outcome.status}{points}"
-                  f"{f' (job exit code {code})' if code else ''}", markup=False)
+                  f"{f' (job exit code {code})' if code else ''}{f'; {counted(key)}' if counted else ''}",
+                  markup=False)
 
 
 def write_pages(room: Classroom, student: Submission, lesson_root: str) -> outputs.Outcome:
@@ -444,25 +452,36 @@ def write_pages(room: Classroom, student: Submission, lesson_root: str) -> outpu
 
 
 def run_jobs(room: Classroom, todo: list[Submission], lesson_root: str) -> None:
-    """Every submission of `todo` graded by the pool, each one's pages written as it finishes.
-    KeyboardInterrupt (Ctrl-C, or SIGTERM raised as it) stops the pool's jobs first."""
-    pool = Pool(room.size, room.request.sandboxed)
+    """Every submission of `todo` graded by the pool, each one's pages written as it finishes, its runs
+    shown as its job tells them (progress.py). KeyboardInterrupt (Ctrl-C, or SIGTERM raised as it)
+    stops the pool's jobs first."""
+    if not todo:
+        return
+    grade_plan = room.probe_plan
+    assert grade_plan is not None  # there is one: `todo` holds gradable students only
+    pool = Pool(room.size, room.request.sandboxed, follow=True)
     queue = list(todo)
-    try:
-        while queue or pool.running:
-            slot = pool.free_slot()
-            while queue and slot is not None:
-                student = queue.pop(0)
-                job = new_job(room, student, slot, gpus_of(slot, room.probe_plan) if room.probe_plan else None)
-                cluster.start_job(pool, slot, job)
-                console.print(f"started {student.key} (slot {slot})", markup=False)
+    runs = grade_plan.planned_runs()
+    with class_progress(len(todo), runs, room.size, grade_plan.budget_s()) as progress:
+        try:
+            while queue or pool.running:
                 slot = pool.free_slot()
-            for ended in pool.finished():
-                finish_job(room, ended, lesson_root)
-            time.sleep(0.2)
-    except KeyboardInterrupt:
-        pool.stop()
-        raise
+                while queue and slot is not None:
+                    student = queue.pop(0)
+                    job = new_job(room, student, slot, gpus_of(slot, grade_plan))
+                    cluster.start_job(pool, slot, job)
+                    console.print(f"started {student.key} ({progress.started(student.key)}, slot {slot}): {runs} "
+                                  f"run(s) planned", markup=False)
+                    slot = pool.free_slot()
+                progress.show(pool.events(EVENT_WAIT_S))  # woken at once by a job's event or its end
+                ended = pool.finished()
+                if ended:  # their last runs' events before their end
+                    progress.show(pool.events(0))
+                for one in ended:
+                    finish_job(room, one, lesson_root, progress.ended)
+        except KeyboardInterrupt:
+            pool.stop()
+            raise
 
 
 def run_jobs_on_slurm(room: Classroom, todo: list[Submission], lesson_root: str) -> None:
@@ -502,9 +521,10 @@ def summary_of(room: Classroom, outcomes: list[outputs.Outcome], wall_seconds: f
                                 "items": {s.item.name: s.score for s in o.scores}} for o in outcomes}}
 
 
-def grade_class(request: ClassRequest) -> int:
-    """The class graded (or regraded, or resumed), then its gradebook, class page and summary written.
-    A stop (Ctrl-C, SIGTERM) ends the jobs, writes what finished, and is raised again."""
+def grade_class(request: ClassRequest, as_json: bool = False) -> int:
+    """The class graded (or regraded, or resumed), then its gradebook, class page and summary written
+    (`as_json`: the summary on stdout too, with where they are). A stop (Ctrl-C, SIGTERM) ends the
+    jobs, writes what finished, and is raised again."""
     room = open_class(request)
     if request.sandbox == "uid" and not request.regrade:
         make_private(room)
@@ -534,6 +554,9 @@ def grade_class(request: ClassRequest) -> int:
     page = outputs.class_page(room.class_dir, room.rubric, outcomes, summary)
     write_json(room.class_dir / "summary.json", summary)
     console.print(f"gradebook: {room.class_dir / 'gradebook.csv'}  class page: {page}", markup=False)
+    if as_json:  # the people's lines went to stderr (cli.py): stdout is this document alone
+        print_json({**summary, "max_score": room.rubric.max_score, "gradebook": str(room.class_dir / "gradebook.csv"),
+                    "class_page": str(page), "summary": str(room.class_dir / "summary.json")})
     if interrupted is not None:
         raise interrupted
     return 0

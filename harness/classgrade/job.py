@@ -19,6 +19,7 @@ to one console.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -27,6 +28,7 @@ import shutil
 import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +196,27 @@ def own_copy(job: dict[str, Any], target: Path, uid: int) -> dict[str, str]:
     return {"submission": str(target), "program": str(program)}
 
 
-def run_job(job_path: Path) -> int:
+PROGRESS_FD = "--progress-fd"  # after JOB.json: the pipe the grader follows this job's runs on (pool.py)
+EVENT_TEXT = 200  # characters of each text of an event: a line stays under PIPE_BUF, written whole or not at all
+
+
+def progress_writer(fd: int) -> Callable[[dict[str, Any]], None]:
+    """Each run's start and end, a JSON line on the grader's pipe. Never a stop for the grade: the pipe
+    is not waited on (a line it has no room for is dropped) and a grader gone is ignored. Not passed
+    on: no run, launcher or program of the job inherits it."""
+    os.set_inheritable(fd, False)
+    os.set_blocking(fd, False)
+
+    def tell(event: dict[str, Any]) -> None:
+        line = json.dumps({key: printable(value)[:EVENT_TEXT] if isinstance(value, str) else value
+                           for key, value in event.items()}, ensure_ascii=False)
+        with contextlib.suppress(OSError):  # full (BlockingIOError), or the grader gone (BrokenPipeError)
+            os.write(fd, (line + "\n").encode())
+
+    return tell
+
+
+def run_job(job_path: Path, progress_fd: int | None = None) -> int:
     job = json.loads(job_path.read_text())
     folder = Path(job["folder"])
     limits = Limits(**job["limits"])
@@ -221,7 +243,7 @@ def run_job(job_path: Path) -> int:
         monitor.start()
     started = time.monotonic()
     try:
-        execute(grade_plan, done, references)
+        execute(grade_plan, done, references, progress_writer(progress_fd) if progress_fd is not None else None)
     finally:
         if monitor is not None:
             monitor.stop()
@@ -259,4 +281,5 @@ def run_job(job_path: Path) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("COLUMNS", "120")
-    sys.exit(run_job(Path(sys.argv[1])))
+    fd = int(sys.argv[3]) if sys.argv[2:3] == [PROGRESS_FD] else None
+    sys.exit(run_job(Path(sys.argv[1]), fd))

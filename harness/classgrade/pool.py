@@ -6,14 +6,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.catalog import REPO
+from harness.classgrade.job import PROGRESS_FD
 from harness.classgrade.sandbox.cgroups import Cgroup, job_cgroup_name
 from harness.classgrade.sandbox.limits import GIB, Limits, size_text
 from harness.classgrade.sandbox.uid import end_processes_if_unclaimed
@@ -67,6 +70,8 @@ class Running:
     started: float
     deadline_s: float | None
     cgroup: Cgroup | None  # the grader side's own limits (GRADER_LIMITS), where cgroups are writable
+    events: int | None = None  # the read end of the job's progress pipe (Pool(follow=True)); None once closed
+    partial: bytes = b""  # the start of an event line not yet whole
 
 
 @dataclass(frozen=True)
@@ -78,12 +83,16 @@ class Ended:
 
 class Pool:
     """Up to `size` jobs at once, each a process in a session of its own; a slot (its GPUs) per
-    running job; each job claims its own uid. `command`: what a job runs (its job.json appended)."""
+    running job; each job claims its own uid. `command`: what a job runs (its job.json appended).
+    `follow`: each job is given a pipe to tell its runs' starts and ends on (job.progress_writer),
+    read by `events`."""
 
     def __init__(self, size: int, sandboxed: bool,
-                 command: tuple[str, ...] = (sys.executable, "-m", "harness.classgrade.job")) -> None:
-        self.size, self.sandboxed, self.command = size, sandboxed, command
+                 command: tuple[str, ...] = (sys.executable, "-m", "harness.classgrade.job"),
+                 follow: bool = False) -> None:
+        self.size, self.sandboxed, self.command, self.follow = size, sandboxed, command, follow
         self.running: dict[int, Running] = {}
+        self._told: list[tuple[str, dict[str, Any]]] = []  # read from jobs that ended, not yet given by `events`
 
     def free_slot(self) -> int | None:
         return next((slot for slot in range(self.size) if slot not in self.running), None)
@@ -96,11 +105,53 @@ class Pool:
             for procs in group.procs_files() if group else []:
                 Path(procs).write_text(str(os.getpid()))
 
-        with (job_path.parent / "stdout.log").open("wb") as log:
-            process = subprocess.Popen([*self.command, str(job_path)], stdout=log, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, cwd=REPO, env=env, start_new_session=True,
-                                       preexec_fn=join if group else None)
-        self.running[slot] = Running(process, student, job_path.parent, time.monotonic(), deadline_s, group)
+        read_end, write_end = os.pipe() if self.follow else (None, None)
+        told = [PROGRESS_FD, str(write_end)] if write_end is not None else []
+        try:
+            with (job_path.parent / "stdout.log").open("wb") as log:
+                process = subprocess.Popen([*self.command, str(job_path), *told], stdout=log,
+                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO, env=env,
+                                           start_new_session=True, preexec_fn=join if group else None,
+                                           pass_fds=() if write_end is None else (write_end,))
+        except BaseException:
+            for end in (read_end, write_end):
+                if end is not None:
+                    os.close(end)
+            raise
+        if write_end is not None:
+            os.close(write_end)  # the job's alone: its end (or its death) is the pipe's end of file
+        self.running[slot] = Running(process, student, job_path.parent, time.monotonic(), deadline_s, group,
+                                     read_end)
+
+    def events(self, timeout_s: float) -> list[tuple[str, dict[str, Any]]]:
+        """The runs' events the jobs told since the last look, (student, event) in order, waiting up
+        to `timeout_s` for the first: a job that tells something, or ends, wakes the grader at once."""
+        told, self._told = self._told, []
+        watched = {job.events: job for job in self.running.values() if job.events is not None}
+        if told or not watched:
+            if not told:
+                time.sleep(timeout_s)  # nothing to wait on (no pipes): the pool's own pace
+            return told
+        ready, _, _ = select.select(list(watched), [], [], timeout_s)
+        for fd in ready:
+            told += self._read(watched[fd])
+        return told
+
+    def _read(self, job: Running) -> list[tuple[str, dict[str, Any]]]:
+        """What one read of a job's pipe holds, as events; at its end of file the pipe is closed."""
+        assert job.events is not None
+        chunk = os.read(job.events, 1 << 16)
+        if not chunk:  # the job ended (or closed it): nothing more comes
+            os.close(job.events)
+            job.events = None
+        *lines, job.partial = (job.partial + chunk).split(b"\n")
+        told = []
+        for line in lines:
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if isinstance(event, dict):
+                    told.append((job.student, event))
+        return told
 
     def finished(self) -> list[Ended]:
         """The jobs that ended since the last look, and those ended now for passing their deadline or
@@ -144,6 +195,14 @@ class Pool:
     def _release(self, job: Running) -> None:
         """What an ended job may have left: its sandbox's processes (a job killed before its own
         sweep), its cgroups (the run's, made by the job, and the grader side's)."""
+        if job.events is not None:  # its last runs' events, kept for `events`: read without waiting
+            os.set_blocking(job.events, False)
+            while job.events is not None:
+                try:
+                    self._told += self._read(job)
+                except BlockingIOError:  # nothing more now: whatever still holds the pipe is no job's
+                    os.close(job.events)
+                    job.events = None
         if not self.sandboxed:
             return
         with contextlib.suppress(OSError, ValueError, KeyError):

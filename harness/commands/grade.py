@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from harness.commands import grade_options
-from harness.console import console, print_json
+from harness.console import console, duration, print_json
 from harness.grading import slurm
 from harness.grading.execute import execute
 from harness.grading.judge import Grade, run_grade
@@ -102,6 +102,8 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     profile = grade_plan.profile
     console.print(f"distlab grade: profile {profile.name}"
                   f"{' (PROVISIONAL: numbers not measured on this hardware)' if profile.provisional else ''}; "
-                  f"{len(grade_plan.cells())} cell(s) x {grade_plan.repeats} repeat(s)", markup=False)
+                  f"{len(grade_plan.cells())} cell(s) x {grade_plan.repeats} repeat(s), "
+                  f"{grade_plan.planned_runs()} run(s) planned, about {duration(grade_plan.budget_s())} by the "
+                  "profile's time budgets", markup=False)
     grade = run_grade(grade_plan, array.execute if args.slurm else execute)
     return report(grade, args.json)

@@ -4,10 +4,12 @@ gradebook, class page and feedback (harness/classgrade/; docs/grading-class.md).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from harness.classgrade import bundle
-from harness.classgrade.classroom import DEFAULT_LAB, ClassRequest, grade_class
+from harness.classgrade import bundle, class_plan
+from harness.classgrade.classroom import DEFAULT_LAB, ClassRequest, grade_class, open_class
+from harness.console import print_json
 from harness.usage import absolute_path, positive_int, world_size_list
 
 DESCRIPTION = ("Each submission graded as `grade --program` grades one, in bubblewrap, side by side; gradebook, "
@@ -15,6 +17,8 @@ DESCRIPTION = ("Each submission graded as `grade --program` grades one, in bubbl
 EXAMPLES = """examples:
   distlab grade-class submissions/ --lab ddp --profile cpu-smoke      # one folder or .py file per student
   distlab grade-class submissions/ --rubric week4.toml --jobs 2
+  distlab grade-class submissions/ --dry-run                          # the plan: submissions, runs, time, disk
+  distlab grade-class submissions/ --json > class.json                # the summary on stdout, progress on stderr
   distlab grade-class submissions/ --rerun alice                      # grade one student again
   distlab grade-class submissions/ --regrade --rubric week4-v2.toml   # new rubric, no training
   distlab grade-class submissions/ --regrade --profile cpu-grade      # judged under another profile, no training
@@ -57,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "results folder must be shared with the nodes (run again to grade what failed)")
     parser.add_argument("--sbatch-arg", action="append", metavar="ARG",
                         help="--slurm: an sbatch option for the array, e.g. --sbatch-arg=--partition=cpu (repeatable)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the plan (the submissions found, the runs of each, estimated time and disk) and "
+                             "run nothing, write nothing")
+    parser.add_argument("--json", action="store_true",
+                        help="print the class's summary (each student's status, score, reason) as JSON on stdout; "
+                             "progress goes to stderr (with --dry-run: the plan as JSON)")
     parser.add_argument("--autograder", type=Path, metavar="ZIP",
                         help="write a Gradescope autograder bundle (setup.sh, run_autograder) and exit")
 
@@ -65,8 +75,16 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     if args.autograder:
         args.lab = args.lab or DEFAULT_LAB  # a bundle is no class: it has no stored settings
         return bundle.write(args)
-    return grade_class(ClassRequest(
+    request = ClassRequest(
         args.submissions, lab=args.lab, profile=args.profile, rubric=args.rubric, jobs=args.jobs,
         world_sizes=args.world_sizes, results=args.results, rerun=tuple(args.rerun), regrade=args.regrade,
         sandbox="none" if args.no_sandbox else args.sandbox, lessons=args.lessons, slurm=args.slurm,
-        sbatch_args=list(args.sbatch_arg or [])))
+        sbatch_args=list(args.sbatch_arg or []), dry_run=args.dry_run)
+    if args.dry_run:
+        plan = class_plan.plan_of(open_class(request))
+        if args.json:
+            print_json(plan)
+        else:
+            sys.stdout.write(class_plan.plan_text(plan))
+        return 0
+    return grade_class(request, as_json=args.json)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from harness.console import run_progress
 from harness.grading import samples
@@ -21,7 +23,8 @@ MAX_EXTRA_PAIRS = 20
 
 
 def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
-            references: dict[Cell, list[Sample]] | None = None) -> None:
+            references: dict[Cell, list[Sample]] | None = None,
+            on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Run every planned cell `repeats` times into `done` (and each cell's reference runs into
     `references`), which keep every finished run even if Ctrl-C stops the rest.
 
@@ -34,15 +37,15 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
     Where a speed row's interval still reaches its floor after the planned runs, the cell runs
     another pair (reference, run; for a bracketed program run, lab) while the profile's
     speed_budget_s allows one more as long as the last (verdict/verdicts.py, speed_rule).
+
+    `on_event`: told each run's start and end as data (console.RunProgress), for a class grade's job
+    to pass to the grader.
     """
     references = {} if references is None else references
     cells = grade_plan.cells()
-    total = 0
-    for lab, ws in cells:
-        runs = grade_plan.runs(lab)
-        total += runs + (runs + grade_plan.bracketed(lab) if grade_plan.reference(lab, ws) else 0)
     # One evaluating process for the grade's runs, between them (harness/observe/accuracy.py).
-    with run_progress(total) as progress, accuracy.Evaluator() as evaluator:
+    with run_progress(grade_plan.planned_runs(), grade_plan.budget_s(), on_event) as progress, \
+            accuracy.Evaluator() as evaluator:
 
         def one_run(label: str, request: RunRequest, exp: LabExpectation | None = None,
                     metric_name: str = "") -> Sample:

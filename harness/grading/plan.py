@@ -65,6 +65,21 @@ class GradePlan:
         """Runs of each cell of a row: --repeats, at least PROGRAM_PAIRS for a bracketed program."""
         return max(self.repeats, PROGRAM_PAIRS) if self.bracketed(lab) else self.repeats
 
+    def cell_runs(self, lab: str, world_size: int) -> tuple[int, int]:
+        """A cell's planned runs: its own, and its reference's (one before each, and one after the last
+        for a bracketed program); a speed row's extra pairs (execute.py) come on top, where needed."""
+        runs = self.runs(lab)
+        return runs, (runs + self.bracketed(lab) if self.reference(lab, world_size) else 0)
+
+    def planned_runs(self) -> int:
+        """Every run the plan starts before any extra pair: what progress counts "run k of n" against."""
+        return sum(sum(self.cell_runs(lab, ws)) for lab, ws in self.cells())
+
+    def budget_s(self) -> float:
+        """The planned runs' time by the profile's stated budgets (each row's time_budget_s, a reference
+        run counted at its cell's): the estimate of a grade before any of its runs is measured."""
+        return sum(sum(self.cell_runs(lab, ws)) * self.profile.labs[lab].time_budget_s for lab, ws in self.cells())
+
     def request(self, lab: str, world_size: int, course: bool = False) -> RunRequest:
         """The run of one cell (`course`: with the course's lab, whatever program the row grades),
         built the first time it is asked for and the same object after."""
