@@ -515,10 +515,12 @@ def summary_of(room: Classroom, outcomes: list[outputs.Outcome], wall_seconds: f
             "pending": [o.key for o in outcomes if o.status == "pending"],
             "mean": f"{statistics.fmean(o.score for o in graded if o.score is not None):.2f}" if graded else "-",
             "wall_seconds": wall_seconds, "regraded": room.request.regrade, "interrupted": interrupted,
-            "students": {o.key: {"id": o.id, "status": o.status, "score": o.score,
+            # Points rounded as every other output shows them (outputs.rounded), so no two disagree.
+            "students": {o.key: {"id": o.id, "status": o.status,
+                                "score": None if o.score is None else outputs.rounded(o.score),
                                 "reason": o.reason or (outputs.why(o, room.rubric) if o.status == "graded" else ""),
                                 "sandbox": o.findings(), "seconds": o.seconds, "rate_ratio": o.rate_ratio,
-                                "items": {s.item.name: s.score for s in o.scores}} for o in outcomes}}
+                                "items": {s.item.name: outputs.rounded(s.score) for s in o.scores}} for o in outcomes}}
 
 
 def grade_class(request: ClassRequest, as_json: bool = False) -> int:
