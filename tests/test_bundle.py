@@ -97,6 +97,10 @@ def test_a_bundle_is_never_written_over_and_needs_a_lesson_address(tmp_path, bui
     if lessons.course_lesson_root() is None:  # this checkout has no https origin (or it is no checkout)
         done = bundle(tmp_path / "subs", env={})
         assert done.returncode == 2 and "--lessons URL" in done.stderr and len(done.stderr.splitlines()) == 1
+    (tmp_path / "ag.zip").unlink()
+    done = bundle(tmp_path, "--lessons", "local")  # this machine's files: no student on Gradescope opens them
+    assert done.returncode == 2 and "--lessons URL" in done.stderr and len(done.stderr.splitlines()) == 1
+    assert not (tmp_path / "ag.zip").exists()
 
 
 @pytest.mark.parametrize(("remote", "address"), [

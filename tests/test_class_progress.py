@@ -60,7 +60,7 @@ def test_dry_run_prints_the_plan_and_runs_and_writes_nothing(tmp_path):
     submissions = a_class(tmp_path)
     results = tmp_path / "results"
     argv = ["grade-class", str(submissions), "--lab", "ddp", "--profile", "cpu-smoke", "--results", str(results),
-            "--dry-run"]
+            "--lessons", "local", "--dry-run"]
     done = run_distlab(argv, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
@@ -83,7 +83,8 @@ def graded(tmp_path_factory):
     folder = tmp_path_factory.mktemp("progress")
     submissions = a_class(folder)
     argv = ["grade-class", str(submissions), "--lab", "ddp", "--profile", str(two_run_profile(folder)),
-            "--results", str(folder / "results"), "--no-sandbox"]
+            "--results", str(folder / "results"), "--no-sandbox",
+            "--lessons", "local"]
     done = run_distlab([*argv, "--json"], timeout=1200, cwd=folder)  # stdout and stderr are pipes: no terminal
     return {"done": done, "argv": argv, "folder": folder, "class_dir": folder / "results/class/week4"}
 

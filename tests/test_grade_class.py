@@ -10,6 +10,7 @@ one must be contained, named in its own feedback, and leave the correct one's gr
 
 from __future__ import annotations
 
+import argparse
 import csv
 import hashlib
 import json
@@ -27,7 +28,7 @@ import tomli_w
 from conftest import DISTLAB, run_distlab
 
 from harness import files
-from harness.classgrade import rubric, submissions
+from harness.classgrade import lessons, rubric, submissions
 from harness.classgrade.outputs import csv_cell
 from harness.classgrade.sandbox import bubblewrap, cgroups
 from harness.classgrade.sandbox.bubblewrap import available, bwrap_argv
@@ -44,6 +45,7 @@ from harness.classgrade.sandbox.uid import (
     processes_left,
     uid_refusal,
 )
+from harness.grading import disk
 from harness.usage import UsageError
 from harness.verdict.profiles import tomllib
 from harness.verdict.verdicts import Verdict
@@ -51,6 +53,10 @@ from harness.verdict.verdicts import Verdict
 REPO = Path(__file__).resolve().parent.parent
 HOSTILE = REPO / "tests/submissions"
 CORRECT = REPO / "tests/programs/ddp_program.py"
+COURSE = "https://course.example.org/ddp-lab/blob/week4/"  # where a test's class links its lessons
+# What a graded submission keeps once judged (docs/grading-class.md, "Disk"): its logs, records and
+# observations, no weights. The class profile's one run left 0.14 MB here; cpu-smoke's fourteen, 1.5 MB.
+KEPT_BYTES = 8 << 20
 WALL_S = 150  # the watchdog for every run: the correct program's graded run took 25 s here, 2 jobs at once
 NOISY = {"speed"}  # wall time judged under the suite's other workers: not asserted for the correct program
 
@@ -111,7 +117,10 @@ def processes_of(uids: set[int]) -> list[int]:
 
 
 def grade_class(submissions: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return run_distlab(["grade-class", str(submissions), "--lab", "ddp", *args], timeout=timeout)
+    """The class graded with links into this checkout (the tests read the feedback here), unless a test
+    names other lessons."""
+    lessons = [] if "--lessons" in args else ["--lessons", "local"]
+    return run_distlab(["grade-class", str(submissions), "--lab", "ddp", *lessons, *args], timeout=timeout)
 
 
 # The lecture's third pitfall as a mutant of the course lab: a branch of the model no step uses. DDP
@@ -198,7 +207,8 @@ def graded(tmp_path_factory):
     harness_before = hashlib.sha256((REPO / "harness/verdict/verdicts.py").read_bytes()).hexdigest()
     profile, the_rubric = class_profile(folder), class_rubric(folder)
     done = subprocess.run([DISTLAB, "grade-class", str(submissions), "--lab", "ddp", "--profile", str(profile),
-                           "--rubric", str(the_rubric), "--jobs", "2", "--results", str(folder / "results")],
+                           "--rubric", str(the_rubric), "--jobs", "2", "--results", str(folder / "results"),
+                           "--lessons", "local"],
                           capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL,
                           env={**os.environ, "DISTLAB_GRADER_SECRET": SECRET})
     class_dir = folder / "results/class/week4"
@@ -424,7 +434,8 @@ def test_a_class_stopped_by_sigterm_resumes_where_it_stopped(tmp_path):
     shutil.copy(HOSTILE / "sleeps_forever.py", submissions / "a-sleeper.py")
     shutil.copy(HOSTILE / "network.py", submissions / "b-network.py")
     args = [DISTLAB, "grade-class", str(submissions), "--profile", str(class_profile(tmp_path)), "--rubric",
-            str(class_rubric(tmp_path, wall_s=20)), "--jobs", "1", "--results", str(tmp_path / "results")]
+            str(class_rubric(tmp_path, wall_s=20)), "--jobs", "1", "--results", str(tmp_path / "results"),
+            "--lessons", "local"]
     grader = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     class_dir = tmp_path / "results/class/late"
     deadline = time.monotonic() + 120
@@ -472,7 +483,7 @@ def test_a_class_keeps_the_profile_it_was_graded_with_unless_another_is_given(tm
     assert done.returncode == 0, done.stdout + done.stderr
     assert json.loads((class_dir / "settings.json").read_text()) == {
         "lab": "ddp", "profile": "class-smoke", "profile_file": str(own), "world_sizes": None,
-        "rubric": str(the_rubric)}
+        "rubric": str(the_rubric), "lessons": "local"}
     summary, page, book, runs = stored()
     assert (summary["profile"], summary["profile_file"]) == ("class-smoke", str(own))
     assert f"profile <b>class-smoke</b> ({own})" in page and book["alice"]["status"] == "graded"
@@ -504,6 +515,82 @@ def test_a_class_keeps_the_profile_it_was_graded_with_unless_another_is_given(tm
     assert (class_dir / "jobs/alice.before-1/observations.json").is_file()  # the earlier grade, set aside
     summary, page, book, _ = stored()
     assert summary["profile_file"] == str(copy) and f"({copy})" in page and book["alice"]["status"] == "graded"
+
+
+@needs_sandbox
+@pytest.mark.integration
+def test_a_graded_submission_keeps_no_weights_and_regrades_unless_told_to_keep_them(tmp_path):
+    """Once its runs are judged, a submission's folder holds no weights or checkpoints (each named in
+    weights.json by size and sha256) and stays under the stated bound; --regrade judges it the same
+    (it reads observations.json and logs, never weights), with the lessons the class was graded with;
+    --keep keeps every file."""
+    subs = tmp_path / "week4"
+    subs.mkdir()
+    shutil.copy(CORRECT, subs / "alice.py")
+    results = tmp_path / "results"
+    class_dir, job = results / "class/week4", results / "class/week4/jobs/alice"
+    base = ["grade-class", str(subs), "--lab", "ddp", "--profile", str(class_profile(tmp_path)), "--rubric",
+            str(class_rubric(tmp_path)), "--results", str(results)]
+
+    def weights(folder: Path) -> list[str]:
+        return sorted(name for name, info, _, entry in files.walk(folder) if entry.endswith(disk.WEIGHTS))
+
+    def gradebook() -> dict[str, dict[str, str]]:
+        return {row["id"]: row for row in csv.DictReader((class_dir / "gradebook.csv").open(newline=""))}
+
+    done = run_distlab([*base, "--lessons", COURSE], timeout=900)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert weights(job) == [] and files.tree_usage(job).bytes <= KEPT_BYTES, files.tree_usage(job)
+    removed = json.loads((job / disk.MANIFEST).read_text())
+    assert {Path(entry["path"]).name for entry in removed["removed"]} >= {"final_weights.pt", "checkpoint.pt"}
+    assert all(len(entry["sha256"]) == 64 and entry["bytes"] > 0 for entry in removed["removed"])
+    book = gradebook()
+    assert book["alice"]["status"] == "graded", book
+    assert json.loads((class_dir / "settings.json").read_text())["lessons"] == COURSE
+    for page in ("feedback/alice.md", "feedback/alice.html", "gradescope/alice/results.json",
+                 "prairielearn/alice/results.json"):
+        assert "file:" not in (class_dir / page).read_text()
+
+    again = run_distlab([*base, "--regrade"])  # no --lessons: the class's own
+    assert again.returncode == 0 and "0 to grade" in again.stdout, again.stdout + again.stderr
+    assert f"lessons {COURSE}" in again.stdout and gradebook() == book
+
+    kept = run_distlab([*base, "--rerun", "alice", "--keep"], timeout=900)
+    assert kept.returncode == 0 and "1 to grade" in kept.stdout, kept.stdout + kept.stderr
+    assert {Path(name).name for name in weights(job)} >= {"final_weights.pt", "checkpoint.pt"}
+    assert not (job / disk.MANIFEST).exists() and (class_dir / "jobs/alice.before-1" / disk.MANIFEST).is_file()
+    assert gradebook()["alice"]["status"] == "graded"
+
+
+def test_lesson_links_go_to_the_address_given_and_to_this_machine_only_by_name():
+    assert lessons.lessons_argument("https://course.example.org/ddp") == "https://course.example.org/ddp/"
+    assert lessons.lesson_root("https://course.example.org/ddp/") == "https://course.example.org/ddp/"
+    assert lessons.lessons_argument("local") == "local" and lessons.lesson_root("local") == REPO.as_uri() + "/"
+    for not_an_address in ("labs/", "course.example.org/ddp", "https:///ddp", "ftp://course.example.org/"):
+        with pytest.raises(argparse.ArgumentTypeError, match="local"):
+            lessons.lessons_argument(not_an_address)
+
+
+def test_a_class_grade_that_would_link_the_graders_files_is_refused_in_one_line(tmp_path):
+    """Feedback is read mailed or on a platform: links into this machine's files are refused unless
+    asked for (--lessons local); an address is taken, and a bad one refused naming the fix."""
+    if lessons.course_lesson_root() is not None:
+        pytest.skip("this checkout has an https origin: its lessons are linked there")
+    subs, a_file = tmp_path / "week4", tmp_path / "a-file"
+    subs.mkdir()
+    (subs / "alice.py").write_text("")
+    a_file.write_text("")
+    argv = ["grade-class", str(subs), "--no-sandbox", "--profile", "cpu-smoke"]
+    done = run_distlab(argv, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "give --lessons URL" in done.stderr and "--lessons local" in done.stderr
+    bad = run_distlab([*argv, "--lessons", "labs/"], cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no address a browser opens" in bad.stderr
+    # An address (or `local`) passes: the next refusal is the last one, the results folder's.
+    for given in (COURSE, "local"):
+        past = run_distlab([*argv, "--lessons", given, "--results", f"{a_file}/results"], cwd=tmp_path)
+        assert past.returncode == 2 and "is not writable" in past.stderr, past.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "week4"]
 
 
 @needs_sandbox
@@ -563,7 +650,8 @@ def uid_mode_class(tmp_path: Path, results: Path) -> None:
         shutil.copy(HOSTILE / f"{student.replace('-', '_')}.py", subs / f"{student}.py")
     done = subprocess.run([DISTLAB, "grade-class", str(subs), "--lab", "ddp", "--profile", str(class_profile(tmp_path)),
                            "--rubric", str(class_rubric(tmp_path)), "--jobs", "2", "--sandbox", "uid",
-                           "--results", str(results)], capture_output=True, text=True, timeout=1800,
+                           "--results", str(results), "--lessons", "local"], capture_output=True, text=True,
+                          timeout=1800,
                           stdin=subprocess.DEVNULL, env={**os.environ, "DISTLAB_GRADER_SECRET": SECRET})
     assert done.returncode == 0, done.stdout + done.stderr
     class_dir = results / "class/week5"
@@ -771,7 +859,7 @@ def test_bad_input_to_a_class_grade_is_one_line_and_nothing_is_written(tmp_path,
     (subs / "alice.py").write_text("")
     a_file.write_text("")
     argv = [arg.format(a_file=a_file) for arg in argv]
-    done = run_distlab(["grade-class", str(subs), "--no-sandbox", *argv], cwd=tmp_path)
+    done = run_distlab(["grade-class", str(subs), "--no-sandbox", "--lessons", "local", *argv], cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert message.format(a_file=a_file) in done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "week4"]

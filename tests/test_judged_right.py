@@ -242,6 +242,39 @@ def test_other_ranks_copies_of_rank0s_weights_are_dropped_once_measured(tmp_path
     assert (tmp_path / "escape.pt").exists()  # only the observer's own names are ever removed
 
 
+def test_a_judged_grade_keeps_no_weights_and_names_each_by_its_digest(tmp_path):
+    """grading/disk.py, what a graded submission keeps: every weights file of its runs removed and named
+    in weights.json by size and sha256; logs and observations stay; a link is neither followed nor
+    removed in its target's place, a FIFO never opened, a deeper folder than it walks said, not raised."""
+    import hashlib
+    import json
+    import os
+
+    from harness.grading import disk
+
+    run = tmp_path / "runs" / "ddp" / "ws2"
+    (run / "observe").mkdir(parents=True)
+    (run / "observe" / "final_weights.pt").write_bytes(b"rank 0's state")
+    (run / "nested" / "ckpt").mkdir(parents=True)
+    (run / "nested" / "ckpt" / "epoch1.safetensors").write_bytes(b"a checkpoint")
+    (run / "rank.0.log").write_text("trained\n")
+    (run / "observe" / "rank.0.json").write_text("{}")
+    (tmp_path / "elsewhere.pt").write_bytes(b"not the run's")
+    (run / "linked.pt").symlink_to(tmp_path / "elsewhere.pt")
+    os.mkfifo(run / "fifo.ckpt")
+    deep = tmp_path / "runs" / "deep"
+    (deep / ("d/" * (disk.MAX_DEPTH + 2))).mkdir(parents=True)
+    manifest = disk.release_weights([run, run, deep, tmp_path / "gone"], tmp_path)
+    assert manifest == json.loads((tmp_path / disk.MANIFEST).read_text())
+    assert {e["path"]: (e["bytes"], e["sha256"]) for e in manifest["removed"]} == {
+        f"runs/ddp/ws2/{name}": (len(data), hashlib.sha256(data).hexdigest()) for name, data in
+        (("observe/final_weights.pt", b"rank 0's state"), ("nested/ckpt/epoch1.safetensors", b"a checkpoint"))}
+    assert manifest["bytes"] == len(b"rank 0's state") + len(b"a checkpoint")
+    assert sorted(p.name for p in run.rglob("*") if p.is_file() and not p.is_symlink()) == ["rank.0.json", "rank.0.log"]
+    assert (run / "linked.pt").is_symlink() and (tmp_path / "elsewhere.pt").read_bytes() == b"not the run's"
+    assert (run / "fifo.ckpt").exists() and len(manifest["problems"]) == 1 and "runs/deep" in manifest["problems"][0]
+
+
 def test_a_reference_run_keeps_no_final_weights_and_follows_no_link(tmp_path):
     """A reference is timed, never evaluated: its observer's weights (45 MB a rank) are removed at once,
     so the course lab's references cannot fill a class job's folder; a link is removed, not followed."""

@@ -222,7 +222,7 @@ def test_grade_class_on_slurm_grades_again_only_the_task_killed_mid_run(tmp_path
     shutil.copy(REPO / "tests/submissions/reads_other.py", submissions / "reads-other.py")
     results = tmp_path / "results"
     argv = [str(Path(BIN) / "distlab"), "grade-class", str(submissions), "--lab", "ddp", "--profile", "cpu-smoke",
-            "--world-sizes", "2", "--jobs", "2", "--results", str(results), "--slurm"]
+            "--world-sizes", "2", "--jobs", "2", "--results", str(results), "--slurm", "--lessons", "local"]
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
     class_dir = results.resolve() / "class" / "week4"  # as the jobs file names it
     started = time.monotonic()
@@ -392,7 +392,7 @@ def test_a_grader_stopped_while_its_array_waits_cancels_the_array(tmp_path, comm
         submissions = tmp_path / "week4"
         submissions.mkdir()
         shutil.copy(CORRECT, submissions / "alice.py")
-        args = ["grade-class", str(submissions), "--world-sizes", "2"]
+        args = ["grade-class", str(submissions), "--world-sizes", "2", "--lessons", "local"]
     grader = subprocess.Popen([sys.executable, "-m", "harness.commands.cli", *args, "--slurm",
                                "--results", str(results)], env=env, cwd=tmp_path, stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -80,7 +80,8 @@ def grade(folder: Path, subs: Path, results: str, *extra: str) -> float:
     done = subprocess.run([DISTLAB, "grade-class", str(subs), "--lab", "ddp", "--profile",
                            str(graded.class_profile(folder)), "--rubric",
                            str(graded.class_rubric(folder, wall_s=120, output_gib=OUTPUT_GIB)),
-                           "--results", str(folder / results), *extra], capture_output=True, text=True)
+                           "--results", str(folder / results), "--lessons", "local", *extra], capture_output=True,
+                          text=True)
     if done.returncode != 0:
         sys.exit(f"grade-class failed ({done.returncode}): {done.stdout[-2000:]}{done.stderr[-2000:]}")
     return time.monotonic() - started

@@ -167,9 +167,10 @@ def write(args: argparse.Namespace) -> int:
     world_sizes = args.world_sizes or (DEFAULT_WORLD_SIZES if not args.profile else
                                        sorted({ws for row in rows for ws in profile.labs[row].world_sizes}))
     lesson_root = lessons.lesson_root(args.lessons)
-    if not lesson_root:
+    if not lesson_root or lesson_root.startswith("file:"):  # the grader's files: no student on Gradescope opens them
         raise UsageError("feedback on Gradescope links the lessons on the web, and this is no checkout with an "
-                         "https origin to link; give --lessons URL (where students read labs/, ending in /)")
+                         "https origin to link (or --lessons named local files); give --lessons URL (where students "
+                         "read labs/, ending in /)")
     index = os.environ.get("TORCH_INDEX_URL", CPU_TORCH_INDEX)
     config = {"lab": args.lab, "profile": "profile.toml" if profile_file else profile_name,
               "world_sizes": world_sizes, "rubric": "rubric.toml", "lessons": lesson_root,

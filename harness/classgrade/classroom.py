@@ -6,7 +6,7 @@ Slurm job array, on its node, graded there the same way (`--slurm`, cluster.py).
 
     <results>/class/<SUBMISSIONS name>/
         jobs/<id>/            the job: job.json, runs/, observations.json (its completion mark), stdout.log
-        settings.json         what its grades are computed with: lab, profile, world sizes, rubric
+        settings.json         what its grades are computed with: lab, profile, world sizes, rubric; lessons
         gradebook.csv, class.html, summary.json, feedback/<id>.html|.md, gradescope/<id>/results.json
         slurm/<stamp>-ws<N>-<profile>/   --slurm: an array's jobs file, script, each task's output and state
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.catalog import REPO, find_lab
+from harness.catalog import find_lab
 from harness.classgrade import cluster, lessons, outputs, rubric
 from harness.classgrade import job as jobs
 from harness.classgrade.pool import Ended, Pool, default_jobs, gpus_of, job_deadline_s
@@ -77,7 +77,8 @@ class ClassRequest:
     rerun: tuple[str, ...] = ()
     regrade: bool = False
     sandbox: str = "bwrap"  # "bwrap" (namespaces), "uid" (a uid of its own, without them), "none"
-    lessons: str | None = None  # where feedback links the lesson pages; None: this checkout
+    lessons: str | None = None  # where feedback links the lessons (lessons.lessons_argument); None: the class's
+    keep: bool = False  # keep the weights and checkpoints the runs wrote (job.py removes them once judged)
     slurm: bool = False  # each job a task of a Slurm job array (cluster.py)
     sbatch_args: list[str] = dataclasses.field(default_factory=list)  # --slurm: the array's own sbatch options
     dry_run: bool = False  # the class opened to be planned (class_plan.py): nothing written, not even the results root
@@ -101,6 +102,7 @@ class ClassSettings:
     profile_file: str | None  # a profile given as a .toml of its own: its absolute path (it is resolved by it)
     world_sizes: list[int] | None  # None: the profile's
     rubric: str | None  # a rubric given as a .toml: its absolute path; None: the lab's shipped one
+    lessons: str | None = None  # --lessons as given (an address, or "local"); None: the course repository's
 
     @property
     def profile_argument(self) -> str:
@@ -109,7 +111,8 @@ class ClassSettings:
     def described(self) -> str:
         sizes = ",".join(map(str, self.world_sizes)) if self.world_sizes else "the profile's"
         return (f"lab {self.lab}, profile {self.profile}{f' ({self.profile_file})' if self.profile_file else ''}, "
-                f"world sizes {sizes}, rubric {self.rubric or 'the shipped one'}")
+                f"world sizes {sizes}, rubric {self.rubric or 'the shipped one'}, "
+                f"lessons {self.lessons or 'at the course repository'}")
 
 
 def stored_settings(class_dir: Path) -> ClassSettings | None:
@@ -270,6 +273,7 @@ class Classroom:
     settings: ClassSettings | None = None  # what it is graded with (None: no gradable student to grade)
     before: ClassSettings | None = None  # what it was graded with before (its settings.json)
     outcomes: dict[str, outputs.Outcome] = dataclasses.field(default_factory=dict)  # judged once a job ends
+    lesson_root: str = ""  # what every lesson link of its feedback starts with (lessons.lesson_root)
 
     @property
     def class_dir(self) -> Path:
@@ -292,7 +296,7 @@ class Classroom:
                 "limits": dataclasses.asdict(self.rubric.limits),
                 "folder": str(class_dir / "jobs" / student.key), "sandboxed": request.sandboxed,
                 "sandbox_mode": request.sandbox, "slot": slot,
-                "gpus": gpus, "hidden": sorted(hidden), "digest": student.digest(),
+                "gpus": gpus, "hidden": sorted(hidden), "digest": student.digest(), "keep": request.keep,
                 "deadline_s": job_deadline_s(self.probe_plan) if self.probe_plan else None}
 
     def to_grade(self) -> list[Submission]:
@@ -361,21 +365,25 @@ def open_class(request: ClassRequest) -> Classroom:
     unknown = sorted(set(request.rerun) - {s.key for s in students})
     if unknown:
         raise UsageError(f"--rerun {', '.join(unknown)}: no such submission in {request.submissions}")
+    lessons_given = request.lessons or (before.lessons if before else None)
     room = Classroom(request, the_rubric, students, {s.key: _stored_job(class_dir, s) for s in students}, None, 1,
-                     before=before)
+                     before=before, lesson_root=lessons.lesson_root(lessons_given) or "")
     gradable = [s for s in students if not s.problem]
     if gradable:
         profile_argument = _profile_argument(request.profile) or (before.profile_argument if before else None)
         try:  # the profile and the lab checked once, before any job starts
             profile = profiles.resolve(profile_argument, {} if profile_argument else fingerprint())
             room.settings = ClassSettings(lab, profile.name, _own_file(profile.name, profile.path),
-                                          request.world_sizes or (before.world_sizes if before else None), rubric_file)
+                                          request.world_sizes or (before.world_sizes if before else None), rubric_file,
+                                          lessons_given)
             room.probe_plan = jobs.plan_for(room.job_for(gradable[0]), check_runs=not request.regrade)
         except profiles.ProfileError as error:
             raise UsageError(str(error)) from None
         # On Slurm, the cluster places the tasks: this host's cores say nothing of its nodes.
         room.size = request.jobs or (len(gradable) if request.slurm
                                      else default_jobs(room.probe_plan, fingerprint()["gpus"] or 0))
+    if not room.lesson_root:  # no file:// links for students unless asked for by name (--lessons local)
+        raise UsageError(lessons.NO_ADDRESS)
     if not request.dry_run:
         claim_results_root(request.results)  # the last refusal: made only once everything else was accepted
     return room
@@ -531,7 +539,7 @@ def grade_class(request: ClassRequest, as_json: bool = False) -> int:
     if request.sandbox == "uid" and not request.regrade:
         make_private(room)
     todo = room.to_grade()
-    lesson_root = request.lessons or (REPO.as_uri() + "/")
+    lesson_root = room.lesson_root
     mode = {"bwrap": "", "uid": " in the uid sandbox (no namespaces)", "none": " WITHOUT the sandbox"}[request.sandbox]
     where = " as Slurm array tasks" if request.slurm else ""
     console.print(f"distlab grade-class: {len(room.students)} submission(s), {len(todo)} to grade, {room.size} at "

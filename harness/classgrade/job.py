@@ -7,7 +7,9 @@ observed is stored in the job's folder before anything is concluded from it:
     <job>/job.json           what to grade: the submission, the lab, the profile, the limits, the slot
     <job>/sandbox.json       the sandbox it ran in (its uid, binds, limits)
     <job>/runs/              every run directory (the course lab's beside the program's)
-    <job>/observations.json  every run as the grader saw it (Samples), the sandbox's account; written last
+    <job>/observations.json  every run as the grader saw it (Samples), the sandbox's account
+    <job>/weights.json       the weights and checkpoints the runs wrote, removed once observations.json
+                             was written (their paths, sizes, sha256: grading/disk.py), unless job.json's "keep"
     <job>/stdout.log         the job's own output
 
 observations.json is the job's completion mark: a job without it is graded again on resume. The
@@ -42,6 +44,7 @@ from harness.classgrade.sandbox.monitor import Monitor, denials
 from harness.classgrade.sandbox.spec import REPOSITORY_PARTS, Spec, base_read_only
 from harness.classgrade.sandbox.uid import claim_uid, end_processes_of, remove_scratch
 from harness.console import printable
+from harness.grading import disk
 from harness.grading import samples as run_samples
 from harness.grading.execute import execute
 from harness.grading.plan import Cell, GradePlan, plan_grade
@@ -276,6 +279,9 @@ def run_job(job_path: Path, progress_fd: int | None = None) -> int:
     files.write_json(folder / OBSERVATIONS, {
         "id": job["id"], "wall_seconds": time.monotonic() - started, "sandbox": account,
         "done": _samples_to_json(done), "references": _samples_to_json(references)})
+    if not job.get("keep"):  # what a regrade judges is stored: the weights were read for it, and are no more
+        disk.release_weights([Path(s.run_dir) for runs in (*done.values(), *references.values()) for s in runs],
+                             folder)
     return 0
 
 

@@ -9,6 +9,7 @@ message (`CRASHES`) is taught the same way: DDP's own messages name the pitfall.
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 from dataclasses import dataclass
@@ -145,10 +146,36 @@ def crash_lessons(texts: list[str]) -> list[tuple[str, str]]:
 
 
 # ------------------------------------------------------------------------------- where lessons lie
-# Feedback links a lesson as ROOT + section ("labs/TRAINING.md#..."). A class graded here links the
-# pages where the labs lie (a file:// root); a student reading feedback on a course platform needs
-# an address on the web: the course repository's pages at the commit that graded them.
+# Feedback links a lesson as ROOT + section ("labs/TRAINING.md#..."). A student reads feedback mailed,
+# on a course platform or in an LMS, never on the grader's disk: the root is an address on the web
+# (--lessons URL, else the course repository's pages at the commit that graded them). Links into
+# this checkout's files (file://) are made only when asked for by name (--lessons local): staff who
+# read the pages on the grading machine itself.
+LOCAL = "local"  # --lessons local
+WEB_SCHEMES = ("https", "http")
 SSH_REMOTE = re.compile(r"(?:ssh://)?git@([^:/]+)[:/](.+)")
+NO_ADDRESS = ("the feedback would link the lessons into this machine's files (file://), which students reading it "
+              "mailed, on Gradescope, PrairieLearn or an LMS cannot open, and this checkout has no https origin to "
+              "link; give --lessons URL (where students read labs/, ending in /), or --lessons local for links that "
+              "open only on this machine")
+
+
+def lessons_argument(text: str) -> str:
+    """--lessons: `local`, or the address of the folder that holds labs/ (https, http or file), made to
+    end in / (a lesson's section is appended to it)."""
+    if text == LOCAL:
+        return text
+    parts = urlsplit(text)
+    if parts.scheme not in (*WEB_SCHEMES, "file") or (parts.scheme in WEB_SCHEMES and not parts.hostname):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is no address a browser opens; give the https address of the folder that holds labs/ "
+            f"(e.g. https://github.com/course/ddp-lab/blob/main/), or {LOCAL!r} for this checkout's files")
+    return text if text.endswith("/") else text + "/"
+
+
+def local_lesson_root() -> str:
+    """This checkout's lesson pages, as file:// links: they open only on this machine."""
+    return REPO.as_uri() + "/"
 
 
 def _git(*args: str) -> str | None:
@@ -165,7 +192,7 @@ def web_address(remote: str) -> str | None:
     if ssh:
         remote = f"https://{ssh.group(1)}/{ssh.group(2)}"
     parts = urlsplit(remote)
-    if parts.scheme not in ("https", "http") or not parts.hostname:
+    if parts.scheme not in WEB_SCHEMES or not parts.hostname:
         return None  # a local path, or a protocol a browser cannot open
     host = parts.hostname + (f":{parts.port}" if parts.port else "")
     path = parts.path.removesuffix("/").removesuffix(".git")
@@ -184,8 +211,11 @@ def course_lesson_root() -> str | None:
 
 
 def lesson_root(given: str | None) -> str | None:
-    """Where feedback for a course platform links the lessons: --lessons as given (a folder's
-    address, ending in /), else the course repository's (course_lesson_root)."""
+    """Where feedback links the lessons: --lessons as given (lessons_argument: an address ending in /,
+    or `local`: this checkout's files), else the course repository's (course_lesson_root); None when
+    there is no address students can open (the caller refuses with NO_ADDRESS)."""
+    if given == LOCAL:
+        return local_lesson_root()
     if given:
         return given if given.endswith("/") else given + "/"
     return course_lesson_root()

@@ -48,6 +48,7 @@ from typing import Any
 
 from harness.console import console
 from harness.files import write_json
+from harness.grading.disk import WEIGHTS
 from harness.usage import UsageError, absolute_path, positive_int
 from harness.verdict.profiles import tomllib
 from labs.common.host import REPO
@@ -556,9 +557,8 @@ def json_file(path: Path) -> bool:
 
 # --------------------------------------------------------------------------------------- the outbox
 
-# What never goes into the archive: trained weights and checkpoints (a ResNet-18 run leaves about
-# 45 MB; the whole acceptance 450-550 MB), each named with its size in left-out.json instead.
-WEIGHTS = (".pt", ".pth", ".bin", ".safetensors", ".distcp", ".ckpt")
+# What never goes into the archive: trained weights and checkpoints (grading/disk.WEIGHTS; a ResNet-18
+# run leaves about 45 MB, the whole acceptance 450-550 MB), each named with its size in left-out.json instead.
 ARCHIVE_MEMBER_MAX = 4 << 20  # a larger file is left out too (and named): the archive must stay a few MiB
 OUT_FILES = ("acceptance.json", "acceptance.log", "doctor.json", "acceptance.tar.gz")  # and the profile
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from harness.commands import grade_options
 from harness.console import console, duration, print_json
-from harness.grading import slurm
+from harness.grading import disk, slurm
 from harness.grading.execute import execute
 from harness.grading.judge import Grade, run_grade
 from harness.grading.plan import GradePlan
@@ -40,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the plan (profile, cells, each launcher command) and start nothing")
     parser.add_argument("--slurm", action="store_true",
                         help="run the cells as a Slurm job array, one task per cell (with --dry-run: print it)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the weights and checkpoints the runs wrote (default: removed once judged, each "
+                             "listed with its sha256 in the report folder's weights.json)")
     parser.add_argument("--sbatch-arg", action="append", metavar="ARG",
                         help="--slurm: an sbatch option for the array, e.g. --sbatch-arg=--partition=cpu (repeatable)")
 
@@ -60,8 +64,9 @@ def show_plan(grade_plan: GradePlan) -> None:
     sys.stdout.write("\n".join(lines) + "\n")
 
 
-def report(grade: Grade, as_json: bool = False) -> int:
-    """The grade's report folder, its table on the terminal; exit 0 when every check passed."""
+def report(grade: Grade, as_json: bool = False, keep: bool = False) -> int:
+    """The grade's report folder, its table on the terminal; exit 0 when every check passed. The runs'
+    weights and checkpoints, judged, are removed (grading/disk.py) unless `keep`."""
     grade_plan, profile = grade.plan, grade.plan.profile
     report_dir = new_run_dir(grade_plan.results_root, "grade", max(ws for _, ws in grade_plan.cells()), profile.name)
     summary = {"profile": profile.name, "provisional": profile.provisional, "profile_measured": profile.measured,
@@ -75,6 +80,14 @@ def report(grade: Grade, as_json: bool = False) -> int:
     for why, rows in unjudged(grade.verdicts).items():  # a speed neither passed nor failed: say why
         console.print(f"speed not comparable ({', '.join(rows)}): {why}", markup=False)
     pages.append_step_summary(paths["markdown"])
+    if not keep:
+        released = disk.release_weights([Path(s.run_dir) for samples in (*grade.done.values(),
+                                                                        *grade.references.values()) for s in samples],
+                                        report_dir)
+        if released["removed"]:
+            console.print(f"removed {len(released['removed'])} weights file(s) of the judged runs, "
+                          f"{released['bytes'] / 1e6:.0f} MB (--keep keeps them): {report_dir / disk.MANIFEST}",
+                          markup=False)
     console.print(f"{'[red]FAILED[/red]' if grade.failed else '[green]passed[/green]'}: {grade.failed} failed "
                   f"check(s); {grade.runs} run(s) in {grade.wall_seconds:.0f} s, harness overhead {grade.overhead:.3f}")
     console.print(f"report: {paths['html']}  junit: {paths['junit']}", markup=False)
@@ -106,4 +119,4 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
                   f"{grade_plan.planned_runs()} run(s) planned, about {duration(grade_plan.budget_s())} by the "
                   "profile's time budgets", markup=False)
     grade = run_grade(grade_plan, array.execute if args.slurm else execute)
-    return report(grade, args.json)
+    return report(grade, args.json, args.keep)

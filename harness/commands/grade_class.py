@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.classgrade import bundle, class_plan
+from harness.classgrade import bundle, class_plan, lessons
 from harness.classgrade.classroom import DEFAULT_LAB, ClassRequest, grade_class, open_class
 from harness.console import print_json
 from harness.usage import absolute_path, positive_int, world_size_list
@@ -15,7 +15,8 @@ from harness.usage import absolute_path, positive_int, world_size_list
 DESCRIPTION = ("Each submission graded as `grade --program` grades one, in bubblewrap, side by side; gradebook, "
                "class page, feedback (docs/grading-class.md).")
 EXAMPLES = """examples:
-  distlab grade-class submissions/ --lab ddp --profile cpu-smoke      # one folder or .py file per student
+  distlab grade-class submissions/ --lab ddp --profile cpu-smoke --lessons https://github.com/course/ddp-lab/blob/main/
+  distlab grade-class submissions/ --lessons local                    # links that open only on this machine
   distlab grade-class submissions/ --rubric week4.toml --jobs 2
   distlab grade-class submissions/ --dry-run                          # the plan: submissions, runs, time, disk
   distlab grade-class submissions/ --json > class.json                # the summary on stdout, progress on stderr
@@ -26,7 +27,7 @@ EXAMPLES = """examples:
   distlab grade-class submissions/ --slurm --jobs 8 --sbatch-arg=--partition=cpu   # each a Slurm array task
 
 A class is graded with the settings stored with it (results/class/NAME/settings.json: lab, profile,
-world sizes, rubric) wherever the command gives none: run again (resuming) or with --regrade, it keeps
+world sizes, rubric, lessons) wherever the command gives none: run again (resuming) or with --regrade, it keeps
 the profile it was graded with, on any host. A setting given replaces the stored one: on --regrade the
 stored runs are judged under it; on a resume the stored grades made under another lab, profile or
 world sizes are stale, and graded (run) again."""
@@ -55,7 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "private (docs/threat-model.md says what each holds)")
     parser.add_argument("--no-sandbox", action="store_true",
                         help="run submissions with the grader's rights (every page says so)")
-    parser.add_argument("--lessons", help="where feedback links the lesson pages (default: this checkout)")
+    parser.add_argument("--lessons", type=lessons.lessons_argument, metavar="URL",
+                        help="the web address of the folder holding labs/, where feedback links the lessons "
+                             "(default: the class's, else the course repository's https origin at this commit); "
+                             "'local': this checkout's files (file://), which open only on this machine")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep every file the runs wrote, weights and checkpoints too (default: removed once "
+                             "the submission's runs are judged, each listed with its sha256 in the job's "
+                             "weights.json; docs/grading-class.md gives the disk per submission)")
     parser.add_argument("--slurm", action="store_true",
                         help="grade each submission as a task of one Slurm job array, sandboxed on its node; the "
                              "results folder must be shared with the nodes (run again to grade what failed)")
@@ -79,7 +87,7 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
         args.submissions, lab=args.lab, profile=args.profile, rubric=args.rubric, jobs=args.jobs,
         world_sizes=args.world_sizes, results=args.results, rerun=tuple(args.rerun), regrade=args.regrade,
         sandbox="none" if args.no_sandbox else args.sandbox, lessons=args.lessons, slurm=args.slurm,
-        sbatch_args=list(args.sbatch_arg or []), dry_run=args.dry_run)
+        sbatch_args=list(args.sbatch_arg or []), keep=args.keep, dry_run=args.dry_run)
     if args.dry_run:
         plan = class_plan.plan_of(open_class(request))
         if args.json:
