@@ -70,12 +70,15 @@ class RunProgress:
             self._on_event({"event": event, "run": self.finished + (event == "started"), "of": self.total,
                             **fields})
 
-    def add(self, runs: int) -> None:
-        """Runs that were not planned at the start (a speed row's extra pairs)."""
+    def add(self, runs: int, why: str = "") -> None:
+        """Runs that were not planned at the start (a speed row's extra pairs), or planned runs not
+        started after all (negative: a cell that needs no more, `why` says so on the screen or log)."""
         self.total += runs
         if self._progress is not None and self._task is not None:
             self._progress.update(self._task, total=self.total, left=self.left())
-        self._tell("added")
+        if why:
+            console.print(why, markup=False)
+        self._tell("added", **({"why": why} if why else {}))
 
     def started(self, label: str) -> None:
         self._label, self._started = label, time.monotonic()

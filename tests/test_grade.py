@@ -473,3 +473,58 @@ def test_a_lesson_row_reports_being_worse_and_fails_only_for_what_fails_any_row(
     # A crash, or a blown time budget, fails it like any row.
     crashed = {v.check: v for v in evaluate_cell(lesson, 4, [sample("failed", wall=150.0, final_accuracy=0.7)])}
     assert crashed["run"].passed is False and crashed["time"].passed is False
+
+
+@pytest.mark.parametrize("said, failure, runs", [
+    ("RuntimeError: rank 1 gives up", (1, 1, None), 1),  # the program's own exception: it would end every run so
+    # What the machine can cause in a correct program is run again as planned:
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+     "[127.0.0.1]:41952", (1, 1, None), 3),
+    ("torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address",
+     (1, 1, None), 3),
+    ("RuntimeError: rank 1 gives up", (1, None, "SIGKILL"), 3),  # killed: by the sandbox's limits, or the OOM killer
+])
+def test_a_program_that_raises_its_own_exception_is_not_run_again_and_a_machines_failure_is(tmp_path, monkeypatch,
+                                                                                              said, failure, runs):
+    """Issue 49: a deterministic crash was run three times with four runs of the course lab around it.
+    The run row fails on its first run whatever the others show, and no speed is measured without a
+    run that went well; a failure the machine could have caused may go well the next time."""
+    from harness.grading import execute, samples
+    from harness.grading.plan import plan_grade
+    from harness.run.launchers import Failure
+    from harness.run.state import RunResult
+
+    student = tmp_path / "my_ddp.py"
+    student.write_text("print('a program')\n")
+    plan = plan_grade(load_profile(REPO / "harness/profiles/cpu-smoke.toml"), labs=["ddp"], programs={"ddp": student},
+                      world_sizes=[2], results_root=tmp_path)
+    started = []
+
+    def run_lab(request, echo, on_line):
+        run_dir = tmp_path / f"run-{len(started)}"
+        run_dir.mkdir()
+        started.append("program" if request.program == student.resolve() else request.lab)
+        if started[-1] != "program":
+            return RunResult(run_dir, 0, "ok", None, {"metrics": {"img_per_sec": 10.0}}, None, 1.0)
+        (run_dir / "rank.0.log").write_text("RuntimeError: Connection closed by peer\n")  # rank 0: the echo
+        (run_dir / "rank.1.log").write_text(f"Traceback (most recent call last):\n  File \"my_ddp.py\", line 3, "
+                                            f"in <module>\n    raise\n{said}\n")
+        return RunResult(run_dir, 1, "failed", "rank 1 exited with code 1", None, Failure(*failure), 1.0)
+
+    monkeypatch.setattr(execute, "run_lab", run_lab)
+    monkeypatch.setattr(samples, "observed_sample", lambda result, exp, request, evaluator: samples.sample_of(result))
+    monkeypatch.setattr(samples, "timed", lambda result, metric: samples.sample_of(result))
+    events = []
+    done, references = {}, {}
+    execute.execute(plan, done, references, on_event=events.append)
+    lab = started[0]
+    assert started == ([lab, "program"] * 3 + [lab] if runs == 3 else [lab, "program"])
+    assert len(done["ddp", 2]) == runs
+    # The progress counts what runs: "run k of n" never ends short of its n.
+    ended = [e for e in events if e["event"] == "ended"]
+    assert ended[-1]["run"] == events[-1]["of"] == len(started)
+    if runs == 1:
+        assert any(e.get("why") == "ddp ws=2: not run again, the program raised RuntimeError: rank 1 gives up"
+                   for e in events)
+        verdicts = {v.check: v for v in evaluate_cell(plan.profile.labs["ddp"], 2, done["ddp", 2])}
+        assert verdicts["run"].measured == "0/1 ok" and verdicts["run"].passed is False

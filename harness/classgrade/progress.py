@@ -77,6 +77,8 @@ class ClassProgress:
                     self._progress.update(job.task, total=job.of, completed=job.done, description=now)
                     if self._class is not None:
                         self._progress.update(self._class, left=self.left())
+                elif kind == "added" and event.get("why"):
+                    console.print(f"{student}: {str(event['why'])[:300]}", markup=False)
                 elif kind == "ended":
                     left = self.left()
                     console.print(f"{student}: run {job.done} of {job.of} ({label}): {event.get('outcome', '')}; "

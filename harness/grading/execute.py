@@ -43,6 +43,7 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
     """
     references = {} if references is None else references
     cells = grade_plan.cells()
+    raised: dict[str, str] = {}  # a run's folder -> the exception the program raised that ended it
     # One evaluating process for the grade's runs, between them (harness/observe/accuracy.py).
     with run_progress(grade_plan.planned_runs(), grade_plan.budget_s(), on_event) as progress, \
             accuracy.Evaluator() as evaluator:
@@ -58,6 +59,8 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
             result = run_lab(request, echo=False, on_line=progress.line)
             sample = samples.observed_sample(result, exp, request, evaluator) if exp else \
                 samples.reference_sample(result, metric_name)
+            if exp is not None and (said := samples.raised_by_the_program(result)):
+                raised[sample.run_dir] = said
             progress.ended(f"ok in {result.wall_seconds:.0f} s" if result.ok else f"FAILED: {result.reason}")
             return sample
 
@@ -65,15 +68,24 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
             reference = grade_plan.reference(lab, ws)
             reference_request = grade_plan.reference_request(lab, ws)  # None exactly where reference is
             request = grade_plan.request(lab, ws)
-            runs = grade_plan.runs(lab)
+            runs, stopped = grade_plan.runs(lab), False
             for repeat in range(1, runs + 1):
                 if reference and reference_request:
                     references.setdefault((lab, ws), []).append(
                         one_run(f"{reference.name} for {lab} ws={ws} run {repeat}", reference_request,
                                 metric_name=reference.metric))
-                done.setdefault((lab, ws), []).append(
-                    one_run(f"{lab} ws={ws} run {repeat}/{runs}", request, grade_plan.profile.labs[lab]))
-            if reference and reference_request and grade_plan.bracketed(lab):
+                sample = one_run(f"{lab} ws={ws} run {repeat}/{runs}", request, grade_plan.profile.labs[lab])
+                done.setdefault((lab, ws), []).append(sample)
+                if repeat < runs and sample.run_dir in raised and not any(s.status == "ok" for s in done[lab, ws]):
+                    # No run of the cell went well and the program raised its own exception: its "run" row
+                    # fails whatever the other runs show, and they would end the same way (a speed needs a run
+                    # that went well). A failure the machine could have caused is run again as planned.
+                    left = grade_plan.cell_runs(lab, ws)
+                    progress.add(-(left[0] - repeat) - (left[1] - repeat if left[1] else 0),
+                                 f"{lab} ws={ws}: not run again, the program raised {raised[sample.run_dir]}")
+                    stopped = True
+                    break
+            if reference and reference_request and grade_plan.bracketed(lab) and not stopped:
                 references[lab, ws].append(one_run(f"{reference.name} for {lab} ws={ws} after run {runs}",
                                                    reference_request, metric_name=reference.metric))
             if not reference or not reference_request:

@@ -11,6 +11,7 @@ evaluated at all. The readers themselves take regular files of bounded size only
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 
 from harness import files
@@ -18,6 +19,8 @@ from harness.catalog import LABS
 from harness.console import printable
 from harness.observe import accuracy, data_parallel, observations
 from harness.on_ranks.observer.distlab_observer.fileformat import RANK_WEIGHTS_FILE
+from harness.run.accounting import last_exception
+from harness.run.output import read_end
 from harness.run.request import RunRequest
 from harness.run.run_dir import OBSERVE_DIR, RUN_DIR_PLACEHOLDER
 from harness.run.state import RunResult
@@ -47,6 +50,31 @@ def tampers_with_the_grader(untrusted: list[str]) -> list[str]:
         return name.startswith(READ_BY_THE_GRADER) or name == OBSERVE_DIR
 
     return [entry for entry in untrusted if read_by_the_grader(entry) or entry.startswith("the run folder")]
+
+
+# Exceptions the machine can raise in a correct program: a peer or port (Gloo's "Connection closed by peer"
+# when another rank died), a timeout, memory, a full disk. A run they end may go well the next time.
+MACHINE_MADE = re.compile(r"OSError|Connection\w*Error|BrokenPipeError|TimeoutError|MemoryError|OutOfMemoryError|"
+                          r"DistNetworkError|DistStoreError|DistBackendError|connection (closed|reset|refused)|"
+                          r"timed? ?out|address already in use|out of memory|no space left", re.IGNORECASE)
+
+
+def raised_by_the_program(result: RunResult) -> str | None:
+    """The exception that ended a failed run, where the program raised it of its own: the rank the
+    launcher saw fail exited with a code (no signal, no timeout, no hang, no stop) after a Python
+    traceback, and the exception is none the machine makes (MACHINE_MADE). Run again, the program
+    ends the same way; None where the failure could be the machine's."""
+    failure = result.failure
+    if (result.ok or failure is None or failure.signal or not failure.exit_code or result.timed_out
+            or result.hang_suspected or result.interrupted or result.stopped_by):
+        return None
+    ranks = [failure.rank] if failure.rank is not None else sorted(
+        int(p.name.split(".")[1]) for p in result.run_dir.glob("rank.*.log") if p.name.split(".")[1].isdigit())
+    for rank in ranks:
+        said = last_exception(read_end(result.run_dir / f"rank.{rank}.log"))
+        if said:
+            return None if MACHINE_MADE.search(said) else printable(said)[:300]  # the program's words, bounded
+    return None
 
 
 def sample_of(result: RunResult) -> Sample:
