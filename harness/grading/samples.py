@@ -64,8 +64,10 @@ def raised_by_the_program(result: RunResult) -> str | None:
     launcher saw fail exited with a code (no signal, no timeout, no hang, no stop) after a Python
     traceback, and the exception is none the machine makes (MACHINE_MADE). Run again, the program
     ends the same way; None where the failure could be the machine's."""
+    if result.ok:
+        return None
     failure = result.failure
-    if (result.ok or failure is None or failure.signal or not failure.exit_code or result.timed_out
+    if (failure is None or failure.signal or not failure.exit_code or result.timed_out
             or result.hang_suspected or result.interrupted or result.stopped_by):
         return None
     ranks = [failure.rank] if failure.rank is not None else sorted(
