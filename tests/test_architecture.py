@@ -257,6 +257,21 @@ def test_exactly_one_module_runs_slurm_commands():
     assert runners == {"harness.run.slurm_array"}
 
 
+# What is read of cgroups (the sandbox's cgroups.py writes memory.max, pids.max and cgroup.procs).
+CGROUP_READS = {"/proc/self/cgroup", "memory.peak", "memory.events", "pids.events", "memory.max_usage_in_bytes",
+                "memory.oom_control", "cpu.max", "cpu.cfs_quota_us", "cpu.cfs_period_us"}
+
+
+def test_exactly_one_module_reads_cgroup_files():
+    """labs/common/host.py reads every cgroup file: this process's own groups (the CPU quota, a
+    container's memory) and the counters of a job's group, which the sandbox's cgroups.py makes,
+    limits and removes. Three readers once parsed them, each its own way."""
+    readers = {module for module, path in {**harness_modules(), **lab_modules()}.items()
+               for node in ast.walk(ast.parse(path.read_text(), str(path)))
+               if isinstance(node, ast.Constant) and node.value in CGROUP_READS}
+    assert readers == {"labs.common.host"}
+
+
 @pytest.mark.parametrize("entry", ["harness.run.runner", "harness.run.request"])
 def test_running_a_lab_imports_no_grading_and_no_reporting(entry):
     """What `distlab run` loads: never observe, verdict, report, grading, or another command. Checked

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from harness.commands import grade
-from harness.grading import samples
+from harness.grading.execute import execute
 from harness.grading.judge import run_grade
 from harness.grading.plan import plan_grade
 from harness.run.launchers import Failure
@@ -65,20 +65,26 @@ def replay(fixture: Path, results: Path) -> bytes:
                             *(arg for row, path in programs.items() for arg in ("--program", f"{row}={path}"))]
     evaluator = StoredMeasurements(json.loads((fixture / "measured.json").read_text()))
 
-    def execute(grade_plan, done, references):
-        assert [f"{lab}@{ws}" for lab, ws in grade_plan.cells()] == list(runs["done"])
-        for lab, ws in grade_plan.cells():
-            cell = f"{lab}@{ws}"
-            reference = grade_plan.reference(lab, ws)
-            for run_dir in runs["references"].get(cell, []):
-                references.setdefault((lab, ws), []).append(samples.timed(stored_result(run_dir), reference.metric))
-            for run_dir in runs["done"][cell]:
-                done.setdefault((lab, ws), []).append(samples.observed_sample(
-                    stored_result(run_dir), grade_plan.profile.labs[lab], grade_plan.request(lab, ws), evaluator))
-
     grade_plan = plan_grade(resolve(PROFILE, {}), labs=labs, world_sizes=world_sizes, results_root=results,
                             programs={row: fixture / path for row, path in programs.items()})
-    grade.report(run_grade(grade_plan, execute_cells=execute))
+    assert [f"{lab}@{ws}" for lab, ws in grade_plan.cells()] == list(runs["done"])
+    # Each cell's requests are built once (GradePlan): the one the loop starts says which stored run comes next.
+    stored = {}
+    for lab, ws in grade_plan.cells():
+        stored[id(grade_plan.request(lab, ws))] = list(runs["done"][f"{lab}@{ws}"])
+        if grade_plan.reference_request(lab, ws) is not None:
+            stored[id(grade_plan.reference_request(lab, ws))] = list(runs["references"].get(f"{lab}@{ws}", []))
+
+    def replayed_run(request, echo=False, on_line=None):
+        assert stored[id(request)], f"the loop asked for a run of {request.lab} at {request.world_size} the grade " \
+                                    "did not make"
+        return stored_result(stored[id(request)].pop(0))
+
+    def execute_cells(grade_plan, done, references):  # the real loop, its runs and evaluations stored ones
+        execute(grade_plan, done, references, runner=replayed_run, evaluator=evaluator)
+        assert not any(stored.values()), "the grade made runs the loop did not ask for"
+
+    grade.report(run_grade(grade_plan, execute_cells=execute_cells))
     return next(results.glob("grade/*/verdicts.json")).read_bytes()
 
 

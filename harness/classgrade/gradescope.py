@@ -34,15 +34,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.files import write_json
-from labs.common.host import usable_cores
+from labs.common.host import CGROUP_ROOT, PROC_SELF_CGROUP, own_memory_account, own_memory_limit, usable_cores
 
 STUDENT = "student"  # the class of one's only id
 DEADLINE_MARGIN_S = 45.0  # kept from Gradescope's timeout: stopping the grade and writing results.json
 STOP_GRACE_S = 30.0  # grade-class stops its run and its processes on SIGTERM within this (classroom.py)
 LOG_TAIL_BYTES = 4000  # of the grade's own output, in a fallback's extra_data (staff only)
-CGROUP = Path("/sys/fs/cgroup")
-PROC_CGROUP = Path("/proc/self/cgroup")  # this process's groups: "0::/path" (v2), "4:memory:/path" (v1)
-UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a huge number
+CGROUP, PROC_CGROUP = CGROUP_ROOT, PROC_SELF_CGROUP  # where the container's own groups are read (a test's folder)
 
 
 # ------------------------------------------------------------------- what the container was given
@@ -50,21 +48,6 @@ UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a huge number
 def _read(path: Path) -> str | None:
     with contextlib.suppress(OSError):
         return path.read_text().strip()
-    return None
-
-
-def _cgroup_file(controller: str, name: str) -> Path | None:
-    """A cgroup file of this process's own group: cgroup v2's unified file, else v1's controller's.
-    Inside a container the group is mounted at the controller's root; on a host, under its path."""
-    own = {}
-    for line in (_read(PROC_CGROUP) or "").splitlines():
-        _, controllers, path = line.split(":", 2)
-        for each in controllers.split(",") if controllers else [""]:
-            own[each] = path.lstrip("/")
-    for folder in ([CGROUP / own.get(controller, ""), CGROUP / controller] if controller else
-                   [CGROUP / own.get("", ""), CGROUP]):
-        if (folder / name).is_file():
-            return folder / name
     return None
 
 
@@ -77,26 +60,18 @@ def container_cpus() -> float:
 
 
 def container_memory() -> int | None:
-    """Bytes of memory this container may use (cgroup v2 memory.max, v1 memory.limit_in_bytes), or
-    the machine's own where no limit is set."""
-    for controller, name in (("", "memory.max"), ("memory", "memory.limit_in_bytes")):
-        value = _read(_cgroup_file(controller, name) or Path("/nonexistent"))
-        if value and value != "max" and int(value) < UNLIMITED:
-            return int(value)
+    """Bytes of memory this container may use (its cgroup's limit), or the machine's own where no limit is set."""
+    limit = own_memory_limit(CGROUP, PROC_CGROUP)
+    if limit is not None:
+        return limit
     total = next((line for line in (_read(Path("/proc/meminfo")) or "").splitlines() if line.startswith("MemTotal")),
                  None)
     return int(total.split()[1]) * 1024 if total else None
 
 
 def memory_account() -> dict[str, Any]:
-    """The container's peak memory and whether its limit killed a process (cgroup v2 memory.peak and
-    memory.events, v1 max_usage_in_bytes and oom_control)."""
-    peak = _read(_cgroup_file("", "memory.peak") or _cgroup_file("memory", "memory.max_usage_in_bytes")
-                 or Path("/nonexistent"))
-    events = _read(_cgroup_file("", "memory.events") or _cgroup_file("memory", "memory.oom_control")
-                   or Path("/nonexistent")) or ""
-    killed = sum(int(line.split()[1]) for line in events.splitlines() if line.split()[0] == "oom_kill")
-    return {"peak_memory_bytes": int(peak) if peak and peak.isdigit() else None, "oom_kills": killed}
+    """The container's peak memory and whether its limit killed a process (its cgroup's counters)."""
+    return own_memory_account(CGROUP, PROC_CGROUP)
 
 
 def gib(value: float) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +14,7 @@ from harness.grading.plan import Cell, GradePlan
 from harness.observe import accuracy
 from harness.run.request import RunRequest
 from harness.run.runner import run_lab
+from harness.run.state import RunResult
 from harness.verdict.pairing import pair_references, reference_rates
 from harness.verdict.profiles import LabExpectation
 from harness.verdict.verdicts import Sample, speed_undecided
@@ -22,9 +24,15 @@ from harness.verdict.verdicts import Sample, speed_undecided
 MAX_EXTRA_PAIRS = 20
 
 
+# What starts a run and returns its account: the runner, as `distlab run` starts one (run/runner.py);
+# a replay of stored runs in tests/test_replay.py, which drives this same loop.
+Runner = Callable[..., RunResult]
+
+
 def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
             references: dict[Cell, list[Sample]] | None = None,
-            on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+            on_event: Callable[[dict[str, Any]], None] | None = None, *,
+            runner: Runner | None = None, evaluator: accuracy.Evaluator | None = None) -> None:
     """Run every planned cell `repeats` times into `done` (and each cell's reference runs into
     `references`), which keep every finished run even if Ctrl-C stops the rest.
 
@@ -39,14 +47,17 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
     speed_budget_s allows one more as long as the last (verdict/verdicts.py, speed_rule).
 
     `on_event`: told each run's start and end as data (console.RunProgress), for a class grade's job
-    to pass to the grader.
+    to pass to the grader. `runner` starts each run (by default run/runner.run_lab); `evaluator`
+    measures the runs' final weights (by default one evaluating process for the grade, started here
+    and stopped at its end).
     """
     references = {} if references is None else references
+    start = runner or run_lab
     cells = grade_plan.cells()
     raised: dict[str, str] = {}  # a run's folder -> the exception the program raised that ended it
     # One evaluating process for the grade's runs, between them (harness/observe/accuracy.py).
     with run_progress(grade_plan.planned_runs(), grade_plan.budget_s(), on_event) as progress, \
-            accuracy.Evaluator() as evaluator:
+            (contextlib.nullcontext(evaluator) if evaluator is not None else accuracy.Evaluator()) as evaluator:
 
         def one_run(label: str, request: RunRequest, exp: LabExpectation | None = None,
                     metric_name: str = "") -> Sample:
@@ -56,7 +67,7 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
                 progress.ended(f"{sample.status} in {sample.wall_seconds:.0f} s" + (f": {sample.reason}"
                                                                                    if sample.reason else ""))
                 return sample
-            result = run_lab(request, echo=False, on_line=progress.line)
+            result = start(request, echo=False, on_line=progress.line)
             sample = samples.observed_sample(result, exp, request, evaluator) if exp else \
                 samples.reference_sample(result, metric_name)
             if exp is not None and (said := samples.raised_by_the_program(result)):

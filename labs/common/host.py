@@ -83,6 +83,77 @@ def usable_cores(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_
     return Cores(count, named, host, affinity, quota)
 
 
+# The one reader of cgroup files: this process's own groups (the CPU quota here; the memory a
+# Gradescope container was given, classgrade/gradescope.py) and the counters of a group the grader
+# made (classgrade/sandbox/cgroups.py, which creates, limits and removes them).
+
+def own_cgroups(proc_cgroup: Path = PROC_SELF_CGROUP) -> list[tuple[str, str, str]]:
+    """This process's cgroups as /proc/self/cgroup lists them, (hierarchy, controllers, path): a v1
+    line `4:cpu,cpuacct:/path` as ("4", "cpu,cpuacct", "/path"), the v2 line `0::/path` as ("0", "",
+    "/path"); none where the file cannot be read."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return []
+    return [(hierarchy, controllers, path) for hierarchy, controllers, path in
+            ((line.split(":", 2) + ["", ""])[:3] for line in lines)]
+
+
+def own_cgroup_file(controller: str, name: str, cgroup_root: Path = CGROUP_ROOT,
+                    proc_cgroup: Path = PROC_SELF_CGROUP) -> Path | None:
+    """A file of this process's own group: cgroup v2's unified one (controller ""), else the v1
+    controller's. Inside a container the group is mounted at the controller's root; on a host, under its path."""
+    own = {}
+    for _, controllers, path in own_cgroups(proc_cgroup):
+        for each in controllers.split(",") if controllers else [""]:
+            own[each] = path.lstrip("/")
+    for folder in ([cgroup_root / own.get(controller, ""), cgroup_root / controller] if controller else
+                   [cgroup_root / own.get("", ""), cgroup_root]):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def cgroup_number(path: Path | None) -> int | None:
+    """A cgroup file holding one number (memory.peak, memory.limit_in_bytes), or None: no such file, "max"."""
+    with contextlib.suppress(OSError, ValueError):
+        return int(path.read_text().strip()) if path is not None else None
+    return None
+
+
+def cgroup_counter(path: Path | None, key: str) -> int:
+    """A counter of a cgroup file of `key value` lines (memory.events' oom_kill, pids.events' max): 0 where absent."""
+    with contextlib.suppress(OSError, ValueError):
+        return sum(int(value) for name, _, value in (line.partition(" ") for line in
+                                                     (path.read_text() if path else "").splitlines()) if name == key)
+    return 0
+
+
+# Each counter's file: cgroup v2's, v1's.
+PEAK_MEMORY = {2: "memory.peak", 1: "memory.max_usage_in_bytes"}
+MEMORY_EVENTS = {2: "memory.events", 1: "memory.oom_control"}  # the oom_kill counter in either
+PIDS_EVENTS = "pids.events"  # the max counter: forks refused at pids.max
+UNLIMITED = 1 << 60  # cgroup v1 writes "no limit" as a huge number
+
+
+def own_memory_limit(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGROUP) -> int | None:
+    """Bytes of memory this process's group may use (v2 memory.max, v1 memory.limit_in_bytes); None: no limit."""
+    for controller, name in (("", "memory.max"), ("memory", "memory.limit_in_bytes")):
+        value = cgroup_number(own_cgroup_file(controller, name, cgroup_root, proc_cgroup))  # None: "max"
+        if value is not None and value < UNLIMITED:
+            return value
+    return None
+
+
+def own_memory_account(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGROUP) -> dict[str, Any]:
+    """This process's group's peak memory and the processes its limit killed."""
+    def own(version: int, names: dict[int, str]) -> Path | None:
+        return own_cgroup_file("" if version == 2 else "memory", names[version], cgroup_root, proc_cgroup)
+
+    return {"peak_memory_bytes": cgroup_number(own(2, PEAK_MEMORY) or own(1, PEAK_MEMORY)),
+            "oom_kills": cgroup_counter(own(2, MEMORY_EVENTS) or own(1, MEMORY_EVENTS), "oom_kill")}
+
+
 def cgroup_cpu_quota(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGROUP
                      ) -> tuple[str, float | None]:
     """The CPU quota of this process's cgroup in cores (None: unlimited), with the file it came from.
@@ -90,16 +161,11 @@ def cgroup_cpu_quota(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_S
     /proc/self/cgroup names the cgroup: a v1 line `N:cpu,cpuacct:/path` (the cpu controller's
     hierarchy, which takes precedence on hybrid hosts) or the v2 line `0::/path`. The quota is the
     smallest on the way from that cgroup up to the root: a parent's limit binds its children."""
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return "", None
     v1 = v2 = None
-    for line in lines:
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+    for hierarchy, controllers, path in own_cgroups(proc_cgroup):
         if "cpu" in controllers.split(","):
             v1 = (controllers, path)
-        elif controllers == "" and line.startswith("0::"):
+        elif controllers == "" and hierarchy == "0":
             v2 = path
     if v1 is not None:
         folder = next((cgroup_root / name for name in (v1[0], "cpu") if (cgroup_root / name).is_dir()), None)

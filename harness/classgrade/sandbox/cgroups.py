@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.classgrade.sandbox.limits import Limits
+from labs.common.host import MEMORY_EVENTS, PEAK_MEMORY, PIDS_EVENTS, cgroup_counter, cgroup_number
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -91,25 +92,14 @@ class Cgroup:
                 found |= {int(line) for line in Path(name).read_text().split()}
         return sorted(found)
 
-    def _counter(self, kind: str, filename: str, key: str) -> int:
-        with contextlib.suppress(OSError, ValueError):
-            for line in (self.dirs[kind] / filename).read_text().splitlines():
-                name, _, value = line.partition(" ")
-                if name == key:
-                    return int(value)
-        return 0
-
     def oom_kills(self) -> int:
-        return self._counter("memory", "memory.events" if self.version == 2 else "memory.oom_control", "oom_kill")
+        return cgroup_counter(self.dirs["memory"] / MEMORY_EVENTS[self.version], "oom_kill")
 
     def process_limit_hits(self) -> int:
-        return self._counter("pids", "pids.events", "max")
+        return cgroup_counter(self.dirs["pids"] / PIDS_EVENTS, "max")
 
     def peak_memory(self) -> int | None:
-        name = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
-        with contextlib.suppress(OSError, ValueError):
-            return int((self.dirs["memory"] / name).read_text())
-        return None
+        return cgroup_number(self.dirs["memory"] / PEAK_MEMORY[self.version])
 
     def kill(self) -> None:
         """SIGKILL every process in it, until none is left (a fork bomb refills between reads)."""
