@@ -100,7 +100,7 @@ def failed_checks(outcomes: list[Outcome]) -> Counter[str]:
         named = [f.check if f.check != "sandbox" else "sandbox: " + f.saw.split(":", 1)[0] for f in told.fixes
                  if f.costs]  # a lesson is taught, not counted
         causes = [name for name in named if name != "run"] or named
-        counts.update(set(causes))
+        counts.update(list(dict.fromkeys(causes)))  # once per student, in the order found: ties keep one order
     return counts
 
 
