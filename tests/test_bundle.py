@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from harness.classgrade import gradescope, lessons, outputs, rubric
-from harness.classgrade.outputs import Outcome
+from harness.classgrade import gradescope, lessons, platforms, rubric
+from harness.classgrade.account import Outcome
+from harness.classgrade.feedback import feedback_markdown
 from harness.verdict.profiles import tomllib
 from harness.verdict.verdicts import Verdict
 
@@ -284,7 +285,7 @@ def test_gradescope_results_carry_markdown_every_visibility_a_leaderboard_and_ab
                                           one_model_on_every_rank="after_due_date"), due=dt.datetime(
         2026, 12, 10, tzinfo=dt.timezone.utc))
     outcome = graded_outcome(the_rubric)
-    results = outputs.gradescope_results(outcome, the_rubric, LESSONS, execution_time=61.4)
+    results = platforms.gradescope_results(outcome, the_rubric, LESSONS, execution_time=61.4)
     assert results["execution_time"] == 61
     assert (results["output_format"], results["test_output_format"]) == ("md", "md")
     assert {t["name"]: t["visibility"] for t in results["tests"]} == {
@@ -299,7 +300,7 @@ def test_gradescope_results_carry_markdown_every_visibility_a_leaderboard_and_ab
     assert results["leaderboard"] == [{"name": "rate / course lab", "value": 1.05, "order": "desc"}]
     assert results["extra_data"]["distlab"]["sandbox"] == "none"
     assert "WITHOUT the sandbox" in results["output"] and "](https://" in results["output"]
-    assert "leaderboard" not in outputs.gradescope_results(graded_outcome(the_rubric, None), the_rubric, LESSONS)
+    assert "leaderboard" not in platforms.gradescope_results(graded_outcome(the_rubric, None), the_rubric, LESSONS)
 
 
 def test_the_feedback_follows_gradescope_s_due_date_not_the_rubric_s(tmp_path):
@@ -309,21 +310,21 @@ def test_the_feedback_follows_gradescope_s_due_date_not_the_rubric_s(tmp_path):
                 "users": [{"assignment": {"due_date": "2099-01-01T00:00:00Z"}}]}  # one submitter's extension
     due = gradescope.platform_due(metadata)
     assert due == dt.datetime(2099, 1, 1, tzinfo=dt.timezone.utc)  # the latest: nobody sees it early
-    hidden = outputs.feedback_markdown(graded_outcome(rubric.load(path, due=due)), rubric.load(path, due=due), "")
+    hidden = feedback_markdown(graded_outcome(rubric.load(path, due=due)), rubric.load(path, due=due), "")
     assert "each rank its own shard" not in hidden and "shards_disjoint" not in hidden
     past = gradescope.platform_due({"assignment": {"due_date": "2020-01-01T00:00:00+00:00", "late_due_date": None}})
-    shown = outputs.feedback_markdown(graded_outcome(rubric.load(path, due=past)), rubric.load(path, due=past), "")
+    shown = feedback_markdown(graded_outcome(rubric.load(path, due=past)), rubric.load(path, due=past), "")
     assert "each rank its own shard" in shown and "shards_disjoint" in shown
 
 
 def test_prairielearn_results_from_the_same_outcome(tmp_path):
     the_rubric = rubric.load()
-    results = outputs.prairielearn_results(graded_outcome(the_rubric), the_rubric, LESSONS)
+    results = platforms.prairielearn_results(graded_outcome(the_rubric), the_rubric, LESSONS)
     assert results["gradable"] is True
     assert results["score"] == pytest.approx(graded_outcome(the_rubric).score / the_rubric.max_score)
     assert 0 <= results["score"] <= 1 and "speed" not in {t["name"] for t in results["tests"]}  # hidden
     assert all({"name", "points", "max_points", "message", "output"} <= set(t) for t in results["tests"])
     ungradable = Outcome("bob", "ungradable", "wrong layout: 2 .py files and none is train.py")
-    results = outputs.prairielearn_results(ungradable, the_rubric, LESSONS)
+    results = platforms.prairielearn_results(ungradable, the_rubric, LESSONS)
     assert results["gradable"] is False and "score" not in results
     assert results["format_errors"] == ["Ungradable: wrong layout: 2 .py files and none is train.py"]

@@ -5,7 +5,7 @@ cpu-smoke --no-sandbox` left for one submission: the course lab (labs/ddp/train.
 `raise RuntimeError('rank 1 gives up')` on rank 1 right after `init_process_group`. `verdicts.json` is
 that grade's verdicts and its rate over the course lab's; `run/` the harness's account of its failed
 run at world size 2 (run.json) and its ranks' logs, from which the grade finds what ended it. Every
-output is built from them as `distlab grade-class` builds it: one account (outputs.account) of the
+output is built from them as `distlab grade-class` builds it: one account (account.account) of the
 cause first, the checks not reached, and why each point was lost.
 """
 
@@ -18,9 +18,10 @@ from pathlib import Path
 
 import jsonschema
 
-from harness.classgrade import outputs, rubric
-from harness.classgrade.classroom import ending_of, ran_to_its_checks
-from harness.classgrade.outputs import Outcome
+from harness.classgrade import account, outputs, platforms, rubric
+from harness.classgrade.account import Outcome
+from harness.classgrade.feedback import feedback_html, feedback_markdown
+from harness.classgrade.outcome import ending_of, ran_to_its_checks
 from harness.verdict.verdicts import LESSON, Sample, Verdict
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures/classgrade/crash-rank1"
@@ -30,7 +31,7 @@ WRONG_FIXES = ("DistributedSampler(dataset", "Wrap the model in DistributedDataP
 
 
 def crashed(tmp_path: Path) -> tuple[Outcome, rubric.Rubric]:
-    """The crash's outcome as classroom.outcome_of makes it: the real verdicts, scored by the shipped
+    """The crash's outcome as outcome.outcome_of makes it: the real verdicts, scored by the shipped
     rubric, and the ending found in the real run's folder."""
     stored = json.loads((FIXTURE / "verdicts.json").read_text())
     verdicts = [Verdict(**v) for v in stored["verdicts"]]
@@ -60,7 +61,7 @@ def test_the_ending_names_the_rank_its_exception_and_the_programs_line(tmp_path)
 
 def test_a_crash_leads_its_feedback_and_its_consequences_are_not_reached_with_no_fix(tmp_path):
     outcome, shipped = crashed(tmp_path)
-    feedback = outputs.feedback_markdown(outcome, shipped, "")
+    feedback = feedback_markdown(outcome, shipped, "")
     headings = [line for line in feedback.splitlines() if line.startswith("## ")]
     assert headings[0] == "## What ended your run", feedback
     ended = feedback.split("## What ended your run", 1)[1].split("\n## ", 1)[0]
@@ -69,23 +70,23 @@ def test_a_crash_leads_its_feedback_and_its_consequences_are_not_reached_with_no
     for wrong in WRONG_FIXES:
         assert wrong not in feedback, (wrong, feedback)  # no fix for what the crash left unjudged
     assert "## Not reached" in feedback and "observed:shards_disjoint (world size 2)" in feedback, feedback
-    told = outputs.account(outcome, shipped, shown_only=True)
+    told = account.account(outcome, shipped, shown_only=True)
     assert [f.check for f in told.ended] == ["run"] and told.causes == [], told
-    assert told.states["each rank its own shard"] == outputs.NOT_REACHED, told.states
-    html = outputs.feedback_html(outcome, shipped, "")
+    assert told.states["each rank its own shard"] == account.NOT_REACHED, told.states
+    html = feedback_html(outcome, shipped, "")
     assert html.index("What ended your run") < html.index("Visible score: ") < html.index("Not reached")
 
 
 def test_every_lost_point_says_why_in_every_output(tmp_path):
     outcome, shipped = crashed(tmp_path)
-    told = outputs.account(outcome, shipped, shown_only=False)
-    feedback = outputs.feedback_markdown(outcome, shipped, "")
-    tests = {t["name"]: t for t in outputs.gradescope_results(outcome, shipped)["tests"]}
+    told = account.account(outcome, shipped, shown_only=False)
+    feedback = feedback_markdown(outcome, shipped, "")
+    tests = {t["name"]: t for t in platforms.gradescope_results(outcome, shipped)["tests"]}
     for score in outcome.scores:
         if score.passed:
             continue
         reason = told.reasons[score.item.name]
-        assert reason.startswith(f"{outputs.points(score.item.points - score.score)} point(s) lost: "), reason
+        assert reason.startswith(f"{account.points(score.item.points - score.score)} point(s) lost: "), reason
         assert tests[score.item.name]["output"].startswith(reason)
         if shipped.shown(score.item):
             assert reason.replace("|", "\\|") in feedback, (reason, feedback)
@@ -93,9 +94,9 @@ def test_every_lost_point_says_why_in_every_output(tmp_path):
     assert "Gloo" not in tests["runs to the end"]["output"], tests["runs to the end"]  # the cause, not its echo
     assert "rank 1: RuntimeError: rank 1 gives up" in tests["runs to the end"]["output"]
     for name in ("an honest record", "resumes where it stopped"):
-        assert told.states[name] == outputs.NOT_REACHED and "pays only when every run ends well" in told.reasons[
+        assert told.states[name] == account.NOT_REACHED and "pays only when every run ends well" in told.reasons[
             name], told.reasons[name]
-        assert outputs.NOT_REACHED in tests[name]["tags"]
+        assert account.NOT_REACHED in tests[name]["tags"]
 
 
 def test_the_gradebook_has_maxima_reasons_and_lessons(tmp_path):
@@ -104,12 +105,12 @@ def test_the_gradebook_has_maxima_reasons_and_lessons(tmp_path):
     rows = list(csv.DictReader((tmp_path / "gradebook.csv").open(newline="")))
     maxima, carol, alice = rows
     assert maxima["id"] == outputs.MAXIMA and float(maxima["score"]) == shipped.max_score
-    assert all(maxima[i.name] == (outputs.points(i.points) if i.points else "lesson (0 points)")
+    assert all(maxima[i.name] == (account.points(i.points) if i.points else "lesson (0 points)")
                for i in shipped.items)
     assert carol["reason"].startswith("run (world size 2): the run at world size 2 ended early: rank 1: "
                                       "RuntimeError: rank 1 gives up"), carol["reason"]
     lesson = "BatchNorm statistics averaged"  # 0 points: its column says what the grader taught
-    assert (carol[lesson], alice[lesson]) == (outputs.NOT_REACHED, "lesson"), (carol, alice)
+    assert (carol[lesson], alice[lesson]) == (account.NOT_REACHED, "lesson"), (carol, alice)
 
 
 def test_one_score_everywhere_and_a_crash_never_ranks(tmp_path):
@@ -117,26 +118,26 @@ def test_one_score_everywhere_and_a_crash_never_ranks(tmp_path):
     assert outcome.rate_ratio is not None  # its world size 1 runs were timed beside the course lab's
     outputs.gradebook_csv(tmp_path / "gradebook.csv", shipped, [outcome])
     row = list(csv.DictReader((tmp_path / "gradebook.csv").open(newline="")))[1]
-    gradescope = outputs.gradescope_results(outcome, shipped)
-    prairielearn = outputs.prairielearn_results(outcome, shipped)
+    gradescope = platforms.gradescope_results(outcome, shipped)
+    prairielearn = platforms.prairielearn_results(outcome, shipped)
     total = outcome.score
     assert total is not None
-    assert total != outputs.rounded(total)  # partial credit: 6.3571 points, shown 6.36 everywhere
-    assert float(row["score"]) == gradescope["score"] == outputs.rounded(total)
-    assert abs(prairielearn["score"] * shipped.max_score - outputs.rounded(total)) < 1e-5
-    said = outputs.score_line(outcome, shipped)  # the visible score, named so, and the total it is part of
-    assert said.startswith("Visible score: ") and said in outputs.feedback_markdown(outcome, shipped, "")
-    assert prairielearn["message"].startswith(outputs.score_line(outcome, shipped, total=True))
-    assert f"({outputs.points(total)} / {outputs.points(shipped.max_score)})" in prairielearn["message"]
+    assert total != account.rounded(total)  # partial credit: 6.3571 points, shown 6.36 everywhere
+    assert float(row["score"]) == gradescope["score"] == account.rounded(total)
+    assert abs(prairielearn["score"] * shipped.max_score - account.rounded(total)) < 1e-5
+    said = account.score_line(outcome, shipped)  # the visible score, named so, and the total it is part of
+    assert said.startswith("Visible score: ") and said in feedback_markdown(outcome, shipped, "")
+    assert prairielearn["message"].startswith(account.score_line(outcome, shipped, total=True))
+    assert f"({account.points(total)} / {account.points(shipped.max_score)})" in prairielearn["message"]
     jsonschema.validate(gradescope, GRADESCOPE_SCHEMA)
     assert "leaderboard" not in gradescope and not outcome.finished
-    assert "leaderboard" in outputs.gradescope_results(passing(), shipped)
+    assert "leaderboard" in platforms.gradescope_results(passing(), shipped)
 
 
 def test_the_class_page_counts_the_crash_as_its_own_row_and_ranks_only_finished_runs(tmp_path):
     outcome, shipped = crashed(tmp_path)
     counts = outputs.failed_checks([outcome, passing()])
-    assert counts == {outputs.ENDED: 1}, counts  # no speed row, no shard row: those were not reached
+    assert counts == {account.ENDED: 1}, counts  # no speed row, no shard row: those were not reached
     summary = {"profile": "cpu-smoke", "lab": "ddp", "jobs": 1, "graded": 2, "ungradable": 0, "mean": "-",
                "wall_seconds": 1.0, "sandbox": "none"}
     page = outputs.class_page(tmp_path, shipped, [outcome, passing()], summary).read_text()
@@ -170,10 +171,10 @@ def test_a_failed_check_that_ended_the_labs_run_is_the_cause_and_the_speed_it_le
                         f"no run finished well to measure img_per_sec in (1 run(s) failed; the first: "
                         f"{ended_by_check})")]
     bob = Outcome("bob", "graded", "", shipped.score(verdicts), verdicts, {}, [], 30.0, None, sandboxed=False)
-    told = outputs.account(bob, shipped, shown_only=False)
+    told = account.account(bob, shipped, shown_only=False)
     assert [f.check for f in told.fixes] == ["observed:order_changes_per_epoch", "run"], told.fixes
     assert [f.check for f in told.not_reached] == ["img_per_sec_ratio"] and told.states["speed"] == "not reached"
     assert told.reasons["an honest record"].endswith("pays only when every run ends well; a run did not end well "
                                                      "(see What to fix)"), told.reasons
     assert outputs.failed_checks([bob]) == {"observed:order_changes_per_epoch": 1}
-    assert "Look for work in the step loop" not in json.dumps(outputs.gradescope_results(bob, shipped))
+    assert "Look for work in the step loop" not in json.dumps(platforms.gradescope_results(bob, shipped))

@@ -23,7 +23,7 @@ import pytest
 import tomli_w
 from conftest import run_distlab
 
-from harness.classgrade import outputs
+from harness.classgrade import account, outputs
 from harness.verdict.profiles import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,7 +105,7 @@ def test_json_is_the_summary_alone_and_agrees_with_the_gradebook(graded):
     assert [row["id"] for row in book] == [s["id"] for s in summary["students"].values()]
     for row, student in zip(book, summary["students"].values(), strict=True):
         assert row["status"] == student["status"]
-        assert row["score"] == ("" if student["score"] is None else outputs.points(student["score"]))
+        assert row["score"] == ("" if student["score"] is None else account.points(student["score"]))
         assert row["max"] == f"{summary['max_score']:g}"
         if student["reason"]:  # the gradebook's reason is the summary's where it has one
             assert row["reason"] == " ".join(student["reason"].split())

@@ -815,7 +815,8 @@ def test_no_writable_cgroup_hierarchy_gives_no_cgroup(tmp_path, monkeypatch):
 
 
 def test_the_class_page_counts_the_pitfall_that_ended_a_run_not_the_run():
-    from harness.classgrade.outputs import Outcome, failed_checks
+    from harness.classgrade.account import Outcome
+    from harness.classgrade.outputs import failed_checks
 
     def failing(*checks: str) -> list[Verdict]:
         return [Verdict("ddp", 2, check, "FAILED", "passed", False) for check in checks]
@@ -832,7 +833,7 @@ def test_the_class_page_counts_the_pitfall_that_ended_a_run_not_the_run():
 
 
 def test_feedback_puts_what_ended_the_run_before_the_failed_run():
-    from harness.classgrade.outputs import Outcome, findings
+    from harness.classgrade.account import Outcome, findings
 
     shipped = rubric.load()
     verdicts = [Verdict("ddp", 2, "run", "0/1 ok", "all ok", False, "rank 0 exited with code 1"),

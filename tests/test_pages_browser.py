@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from harness.classgrade import rubric
-from harness.classgrade.outputs import Outcome, class_page, write_student
+from harness.classgrade.account import Outcome
+from harness.classgrade.outputs import class_page, write_student
 from harness.verdict.verdicts import Verdict
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -63,7 +64,7 @@ def verdicts(path: Path, lab: str = "ddp") -> list[Verdict]:
 
 
 def outcomes() -> list[Outcome]:
-    """One student of each kind, graded from the stored verdicts as classroom.outcome_of grades them."""
+    """One student of each kind, graded from the stored verdicts as outcome.outcome_of grades them."""
     shipped = rubric.load()
     passed = verdicts(FIXTURES / "replay" / "expected_verdicts.json")
     wrong = verdicts(FIXTURES / "replay-wrong" / "expected_verdicts.json")
@@ -73,7 +74,7 @@ def outcomes() -> list[Outcome]:
         Outcome("alice", "graded", "", shipped.score(passed), passed, seconds=23.0, rate_ratio=0.88),
         Outcome("bob", "graded", "", shipped.score(wrong), wrong, seconds=21.5, rate_ratio=1.18),
         Outcome("carol", "graded", "", shipped.score(crash), crash, seconds=30.2),
-        # A program that never wrote a record of its own: classroom.outcome_of's words, with the crash's reason.
+        # A program that never wrote a record of its own: outcome.outcome_of's words, with the crash's reason.
         Outcome("dave", "ungradable", f"it did not run to a record of its own: {crashed_run.detail}"),
     ]
 

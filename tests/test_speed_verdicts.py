@@ -250,7 +250,9 @@ class _Nothing:
 
 def test_a_class_s_speed_item_not_comparable_keeps_its_points_and_says_so(tmp_path):
     from harness.classgrade import rubric as rubric_module
-    from harness.classgrade.outputs import Outcome, gradebook_csv, gradescope_results, prairielearn_results
+    from harness.classgrade.account import Outcome
+    from harness.classgrade.outputs import gradebook_csv
+    from harness.classgrade.platforms import gradescope_results, prairielearn_results
 
     rubric = rubric_module.load()
     cpu = {"ranks_here": 2, "threads_per_rank": 1, "cores": 2, "cpus": 2, "others_cores": 1.7}

@@ -22,7 +22,7 @@ from conftest import write_rank_observation
 
 from harness import files
 from harness.catalog import REPO
-from harness.classgrade import outputs, pool, submissions
+from harness.classgrade import account, feedback, outputs, pool, submissions
 from harness.classgrade.sandbox import cgroups
 from harness.classgrade.sandbox.bubblewrap import bwrap_argv
 from harness.classgrade.sandbox.cgroups import Cgroup
@@ -200,7 +200,7 @@ def test_spreadsheet_formulas_are_kept_as_text_in_the_gradebook(tmp_path):
     from harness.classgrade.rubric import load
 
     the_rubric = load(REPO / "harness/classgrade/rubrics/ddp.toml")
-    outcomes = [outputs.Outcome(name, "ungradable", reason) for name, reason in
+    outcomes = [account.Outcome(name, "ungradable", reason) for name, reason in
                 (("=HYPERLINK(\"http:x\",\"y\")", "+1"), ("@SUM(A1)", "-x"), ("\tt", "=1+1"), ("plain", "ok"))]
     outputs.gradebook_csv(tmp_path / "book.csv", the_rubric, outcomes)
     import csv
@@ -619,7 +619,7 @@ def test_bidirectional_overrides_are_shown_escaped_like_control_characters():
     from harness.console import printable
 
     text = "it wrote \u202eexe.txt\u2066 here\x1b[2J"
-    for shown in (printable(text), md_code(text), outputs.html_text(text)):
+    for shown in (printable(text), md_code(text), feedback.html_text(text)):
         assert "\u202e" not in shown and "\u2066" not in shown and "\x1b" not in shown, shown
         assert "\\u202e" in shown and "\\x1b" in shown
 

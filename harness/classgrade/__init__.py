@@ -10,11 +10,15 @@ A stage between grading/ (each submission is graded as `distlab grade --program`
     job.py          one submission graded in a process of its own (grading.plan_grade, execute); what
                     it observed stored, so verdicts can be recomputed without training
     pool.py         up to N jobs at once, each on a slot (its GPUs), stopped together
-    classroom.py    the class: which to grade, resume, rerun, regrade, the outcomes
+    classroom.py    the class opened: its request checked, its settings, which to grade (resume, rerun, regrade)
+    grading_loop.py the class graded: the pool's jobs (or a Slurm array's), pages as each ends, the gradebook
+    outcome.py      a job's outcome: its stored runs judged and scored, what ended a run early
     cluster.py      the class on Slurm (--slurm): one array task per job, each graded on its node as here
     rubric.py       points per check, partial credit, visibility
     lessons.py      what a failed check means, the one-line fix, the lesson that teaches it
-    outputs.py      gradebook CSV, class page, feedback pages, Gradescope's and PrairieLearn's results.json
+    account.py      one account of a submission: the cause first, not reached, each item's reason, points
+    outputs.py      gradebook CSV, class page, each student's files (feedback.py: feedback pages;
+                    platforms.py: Gradescope's and PrairieLearn's results.json)
     bundle.py       the Gradescope autograder bundle; gradescope.py: what runs in Gradescope's container
 
 Design and threat model: docs/grading-class.md, docs/threat-model.md.

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.classgrade import job as jobs
-from harness.classgrade.classroom import STORED_BYTES, Classroom
+from harness.classgrade.classroom import Classroom
+from harness.classgrade.outcome import STORED_BYTES
 from harness.console import duration
 from harness.files import read_json
 from harness.grading.execute import MAX_EXTRA_PAIRS

@@ -5,7 +5,7 @@ an array task starts it on its node in a pool of one, so each submission is grad
 locally: the job process of job.py, its sandbox on that node, the grader side's deadline and
 cgroup (pool.py). The class's folder must be on a filesystem the nodes share, and the installation
 at the same path, as `distlab grade --slurm` assumes (grading/slurm.py). The submitting side waits
-(`sbatch --wait`), then takes each task's end as the pool's (classroom.finish_job). A task killed,
+(`sbatch --wait`), then takes each task's end as the pool's (grading_loop.finish_job). A task killed,
 preempted or out of time leaves its job without observations.json, so the same command grades
 only those again.
 

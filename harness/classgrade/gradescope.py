@@ -38,7 +38,7 @@ from labs.common.host import CGROUP_ROOT, PROC_SELF_CGROUP, own_memory_account, 
 
 STUDENT = "student"  # the class of one's only id
 DEADLINE_MARGIN_S = 45.0  # kept from Gradescope's timeout: stopping the grade and writing results.json
-STOP_GRACE_S = 30.0  # grade-class stops its run and its processes on SIGTERM within this (classroom.py)
+STOP_GRACE_S = 30.0  # grade-class stops its run and its processes on SIGTERM within this (grading_loop.py)
 LOG_TAIL_BYTES = 4000  # of the grade's own output, in a fallback's extra_data (staff only)
 CGROUP, PROC_CGROUP = CGROUP_ROOT, PROC_SELF_CGROUP  # where the container's own groups are read (a test's folder)
 

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from harness.classgrade import bundle, class_plan, lessons
-from harness.classgrade.classroom import DEFAULT_LAB, ClassRequest, grade_class, open_class
+from harness.classgrade.classroom import DEFAULT_LAB, ClassRequest, open_class
+from harness.classgrade.grading_loop import grade_class
 from harness.console import print_json
 from harness.usage import absolute_path, positive_int, world_size_list
 

@@ -125,7 +125,7 @@ _MARKDOWN = MarkdownIt("commonmark", {"html": False})
 def md_html(text: str) -> str:
     """The course's own Markdown (a lesson's meaning and fix, a line of ours with `code` in it) as
     inline HTML: code spans, emphasis and links rendered, any HTML in it escaped. Never for text a
-    program wrote: that is escaped and shown as it is (html.escape, outputs.html_text)."""
+    program wrote: that is escaped and shown as it is (html.escape, feedback.html_text)."""
     return _MARKDOWN.renderInline(printable(str(text)))
 
 
