@@ -34,8 +34,11 @@ MAY_IMPORT = {
                            "harness.grading"},
     "harness.benchmarks": {"harness.on_ranks", "harness.run", "harness.observe", "harness.verdict", "harness.report",
                            "harness.grading", "harness.classgrade"},
+    # The GPU acceptance's machinery: it starts distlab's commands as processes, never imports one.
+    "harness.acceptance": {"harness.verdict", "harness.grading"},
     "harness.commands": {"harness.on_ranks", "harness.run", "harness.observe", "harness.verdict", "harness.report",
-                         "harness.planning", "harness.grading", "harness.classgrade", "harness.benchmarks"},
+                         "harness.planning", "harness.grading", "harness.classgrade", "harness.benchmarks",
+                         "harness.acceptance"},
 }
 # The seam with labs/: the lab contract (standard library only at import) may be imported anywhere;
 # the torch training kit only by what runs on the ranks and by the evaluator; a lab's program never.

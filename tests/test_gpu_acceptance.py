@@ -19,6 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.acceptance import deadline, preflight, session
+from harness.acceptance.estimate import ESTIMATE, estimate, pass_seconds
+from harness.acceptance.plan import ROWS, plan_toml, planned_rows
+from harness.acceptance.processes import end_leftovers
+from harness.acceptance.steps import Step
 from harness.commands import acceptance, calibrate, cli
 from harness.grading.plan import GradePlan
 from harness.verdict.profiles import load_profile
@@ -30,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def one_gpu_plan(tmp_path: Path, horovod: bool = False, cpu_proxy: bool = False):
     path = tmp_path / "plan.toml"
-    path.write_text(acceptance.plan_toml(horovod, cpu_proxy))
+    path.write_text(plan_toml(horovod, cpu_proxy))
     return load_profile(path)
 
 
@@ -43,7 +48,7 @@ def test_the_rows_sharing_one_gpu_over_gloo_are_run_on_one_gpu(tmp_path):
     plan = GradePlan(profile, list(profile.labs), None, 1, {}, tmp_path, None, gpus=1)
     cells = plan.cells()
     assert ("check_gloo_cuda", 2) in cells and ("ddp_gloo_cuda", 2) in cells
-    assert len(cells) == len(profile.labs) == len(acceptance.planned_rows(False))
+    assert len(cells) == len(profile.labs) == len(planned_rows(False))
     # A row that needs a GPU per rank still runs only where there are enough.
     (tmp_path / "two.toml").write_text('name = "two"\ndescription = "d"\n[measured]\nwhere = "w"\nhow = "h"\n'
                                        'date = "-"\n[match]\ngpus = 1\n[labs.ddp]\nworld_sizes = [1, 2]\n'
@@ -107,7 +112,7 @@ def test_a_calibration_stopped_at_its_deadline_writes_the_rows_that_ran(tmp_path
 def test_the_probe_names_a_torch_that_does_not_import():
     """The GPU machine's python3 is a venv; a venv made from it imports no torch. The probe says so
     itself, where labs/common/host.py said "0 GPUs" and the run stopped with "no GPU is visible"."""
-    done = subprocess.run([sys.executable, "-S", "-c", acceptance.PROBE], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-S", "-c", preflight.PROBE], capture_output=True, text=True, timeout=60)
     facts = json.loads(done.stdout)
     assert facts["torch"] is None and "No module named 'torch'" in facts["torch_error"]
 
@@ -119,7 +124,7 @@ def test_the_probe_names_a_cpu_only_torch_as_the_cause(tmp_path):
                                       "version = types.SimpleNamespace(cuda=None)\nfrom torch import distributed\n")
     (stub / "distributed" / "__init__.py").write_text("def is_nccl_available(): return False\n"
                                                       "def is_gloo_available(): return True\n")
-    done = subprocess.run([sys.executable, "-c", acceptance.PROBE], capture_output=True, text=True, timeout=60,
+    done = subprocess.run([sys.executable, "-c", preflight.PROBE], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": str(tmp_path / "stub")})
     facts = json.loads(done.stdout)
     assert facts["torch"] == "2.11.0+cpu" and facts["why_no_cuda"] == "torch 2.11.0+cpu is a CPU-only build"
@@ -133,8 +138,8 @@ def args_for(tmp_path: Path, *extra: str) -> argparse.Namespace:
 def test_the_dry_run_fails_where_the_real_run_would_and_says_why(tmp_path, monkeypatch, capsys):
     """Before: the dry run passed with torch missing."""
     missing = {"python": "/x/python3", "torch": None, "torch_error": "ModuleNotFoundError: No module named 'torch'"}
-    monkeypatch.setattr(acceptance, "probe_torch", lambda: missing)
-    monkeypatch.setattr(acceptance, "horovod_with_nccl", lambda: (False, "Horovod is not installed"))
+    monkeypatch.setattr(preflight, "probe_torch", lambda: missing)
+    monkeypatch.setattr(preflight, "horovod_with_nccl", lambda: (False, "Horovod is not installed"))
     assert acceptance.run(args_for(tmp_path, "--dry-run"), []) == 1
     out = capsys.readouterr().out
     assert "torch NOT IMPORTABLE" in out and "the real run would stop: torch is not importable" in out
@@ -153,35 +158,35 @@ def test_without_a_gpu_the_real_run_names_the_cause_in_one_line_and_starts_nothi
 # ---------------------------------------------------------------------- the estimate (#4)
 
 def test_the_estimate_counts_every_phase_and_fits_the_deadline_with_room():
-    rows = acceptance.planned_rows(horovod=True)
-    phases = dict(acceptance.estimate(rows))
+    rows = planned_rows(horovod=True)
+    phases = dict(estimate(rows))
     for phase in ("install (docker/gpu-install.py)", "first CUDA load (preflight probe)", "doctor",
                   "calibrate: cuDNN autotune", "grade: cuDNN autotune", "calibrate: evaluator", "grade: evaluator",
                   "claim spread (2 processes)", "archive, after each of 4 steps"):
         assert phases[phase] > 0, phase
     # Two ranks on the GPU autotune twice; the reference loop of ddp once more.
-    one_pass = acceptance.pass_seconds(rows)
+    one_pass = pass_seconds(rows)
     trained = sum(r.world_size + bool(r.reference) for r in rows if r.trains_resnet)
-    assert one_pass["cuDNN autotune"] == trained * acceptance.ESTIMATE["autotune_s"] and trained >= 7
+    assert one_pass["cuDNN autotune"] == trained * ESTIMATE["autotune_s"] and trained >= 7
     # That machine has no Horovod: its plan fits with the reserve; with Horovod, the last step (the
     # claim spread) is the one a deadline would cut.
-    assert sum(phases.values()) <= acceptance.DEADLINE_S < 600 - 60  # a minute below the command limit
-    without = sum(seconds for _, seconds in acceptance.estimate(acceptance.planned_rows(horovod=False)))
-    assert without + acceptance.RESERVE_S <= acceptance.DEADLINE_S
+    assert sum(phases.values()) <= deadline.DEADLINE_S < 600 - 60  # a minute below the command limit
+    without = sum(seconds for _, seconds in estimate(planned_rows(horovod=False)))
+    assert without + deadline.RESERVE_S <= deadline.DEADLINE_S
 
 
 def test_each_step_gets_its_share_of_the_time_left_and_an_early_end_leaves_it_to_the_next(monkeypatch):
     monkeypatch.delenv("DISTLAB_ACCEPTANCE_STARTED", raising=False)
-    clock = acceptance.Clock(480)
-    steps = [acceptance.Step("doctor", ["doctor"], 10), acceptance.Step("horovod", None),
-             acceptance.Step("calibrate", ["calibrate"], 100), acceptance.Step("grade", ["grade"], 100)]
-    usable = 480 - acceptance.RESERVE_S
+    clock = deadline.Clock(480)
+    steps = [Step("doctor", ["doctor"], 10), Step("horovod", None),
+             Step("calibrate", ["calibrate"], 100), Step("grade", ["grade"], 100)]
+    usable = 480 - deadline.RESERVE_S
     assert clock.limit(steps[0], steps[1:]) == pytest.approx(usable * 10 / 210, rel=0.01)
     assert clock.limit(steps[2], steps[3:]) == pytest.approx(usable / 2, rel=0.01)
     clock.zero -= 100  # 100 s gone
     assert clock.limit(steps[3], []) == pytest.approx(usable - 100, rel=0.01)
     monkeypatch.setenv("DISTLAB_ACCEPTANCE_STARTED", str(time.time() - 30))  # the install, before Python
-    assert acceptance.Clock(480).elapsed() == pytest.approx(30, abs=2)
+    assert deadline.Clock(480).elapsed() == pytest.approx(30, abs=2)
 
 
 # ------------------------------------------------------- the deadline, enforced (#4, #3)
@@ -217,15 +222,15 @@ def misbehaving(tmp_path, monkeypatch) -> Path:
 
 
 def test_a_step_past_its_limit_is_stopped_and_leaves_no_process(tmp_path, misbehaving, monkeypatch):
-    monkeypatch.setattr(acceptance, "GRACE_S", 1.0)
-    step = acceptance.Step("stubborn", ["ignores-sigint"], 1, script=misbehaving)
+    monkeypatch.setattr(deadline, "GRACE_S", 1.0)
+    step = Step("stubborn", ["ignores-sigint"], 1, script=misbehaving)
     with (tmp_path / "log").open("w") as log:
         started = time.monotonic()
-        outcome = acceptance.run_step(step, 3.0, dict(os.environ), log, tmp_path)
+        outcome = deadline.run_step(step, 3.0, dict(os.environ), log, tmp_path)
     assert outcome["status"] == "stopped" and "killed 1 s later" in outcome["note"]
     assert time.monotonic() - started < 30 and outcome["exit_code"] == -signal.SIGKILL
     assert outcome["processes_ended_after"] == 1  # its child, found by the step's token
-    assert acceptance.end_leftovers("no-such-token") == 0
+    assert end_leftovers("no-such-token") == 0
 
 
 @pytest.mark.integration
@@ -233,11 +238,11 @@ def test_a_hung_distlab_run_is_stopped_by_sigint_and_ends_its_ranks(tmp_path, mo
     """distlab itself under the step's limit: the check lab hangs on rank 0; SIGINT stops the run, its
     ranks end, distlab exits 130 and writes the run's account. Wherever the limit falls (on a loaded
     machine, still in torch's import), distlab must end by itself: a grace far beyond its own 7 s."""
-    monkeypatch.setattr(acceptance, "GRACE_S", 300.0)
-    step = acceptance.Step("hang", ["run", "check", "-n", "1", "--results", str(tmp_path / "r"), "--timeout", "600",
+    monkeypatch.setattr(deadline, "GRACE_S", 300.0)
+    step = Step("hang", ["run", "check", "-n", "1", "--results", str(tmp_path / "r"), "--timeout", "600",
                                     "--", "--hang-rank", "0"], 1)
     with (tmp_path / "log").open("w") as log:
-        outcome = acceptance.run_step(step, 20.0, dict(os.environ), log, tmp_path)
+        outcome = deadline.run_step(step, 20.0, dict(os.environ), log, tmp_path)
     assert outcome["status"] == "stopped" and outcome["exit_code"] == 130, (tmp_path / "log").read_text()[-2000:]
     assert "processes_ended_after" not in outcome  # distlab ended its own ranks
     run = json.loads(next((tmp_path / "r" / "check").glob("*/run.json")).read_text())
@@ -254,11 +259,11 @@ def fake_preflight(cpu_proxy, env):
 def test_a_failed_step_is_recorded_the_rest_goes_on_and_everything_is_written_as_it_goes(tmp_path, misbehaving,
                                                                                          monkeypatch):
     for name, value in (("GRACE_S", 2.0), ("RESERVE_S", 3.0), ("MIN_STEP_S", 1.0)):
-        monkeypatch.setattr(acceptance, name, value)
-    monkeypatch.setattr(acceptance, "preflight", fake_preflight)
-    monkeypatch.setattr(acceptance, "horovod_for_cpus", lambda: (False, "not here"))
-    monkeypatch.setattr(acceptance, "one_gpu_steps", lambda *a: [
-        acceptance.Step(name, [what], seconds, script=misbehaving)
+        monkeypatch.setattr(deadline, name, value)
+    monkeypatch.setattr(preflight, "preflight", fake_preflight)
+    monkeypatch.setattr(preflight, "horovod_for_cpus", lambda: (False, "not here"))
+    monkeypatch.setattr(session, "one_gpu_steps", lambda *a: [
+        Step(name, [what], seconds, script=misbehaving)
         for name, what, seconds in (("first", "first", 1), ("fails", "fail", 1), ("hangs", "hang", 2),
                                     ("last", "last", 1))])
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
@@ -293,13 +298,13 @@ def test_the_gloo_rows_start_this_pythons_torchrun_not_one_found_on_path(tmp_pat
     lonely.parent.mkdir(parents=True)
     monkeypatch.setattr(sys, "executable", str(lonely))
     monkeypatch.setenv("PATH", f"{elsewhere}:/usr/bin:/bin")
-    env = acceptance.launcher_env(tmp_path / "results")
+    env = preflight.launcher_env(tmp_path / "results")
     monkeypatch.setenv("PATH", env["PATH"])
     spec = launchers.LaunchSpec(program=Path("x.py"), lab_args=[], world_size=2, log_dir=tmp_path, python=str(lonely))
     tool = launchers.torchrun_command(spec)[0]  # the harness's own pick, under the steps' environment
     assert tool == str(tmp_path / "results" / "bin" / "torchrun")
     assert f'exec "{lonely}" -m torch.distributed.run' in Path(tool).read_text()
-    assert acceptance.torchrun_for_rows(env) == (tool, True)
+    assert preflight.torchrun_for_rows(env) == (tool, True)
 
 
 # ------------------------------------------------------------------------------- the plan
@@ -307,7 +312,7 @@ def test_the_gloo_rows_start_this_pythons_torchrun_not_one_found_on_path(tmp_pat
 @pytest.mark.parametrize("cpu_proxy", [False, True])
 def test_both_plans_have_the_same_rows_the_proxy_on_the_cpus(cpu_proxy, tmp_path):
     profile = one_gpu_plan(tmp_path, horovod=True, cpu_proxy=cpu_proxy)
-    assert list(profile.labs) == [row.name for row in acceptance.ROWS]
+    assert list(profile.labs) == [row.name for row in ROWS]
     assert profile.on_gpus != cpu_proxy
     for row in profile.labs.values():
         assert ("cuda" in row.args) == (not cpu_proxy and row.lab.endswith("_gloo_cuda"))
@@ -320,7 +325,7 @@ def test_both_plans_have_the_same_rows_the_proxy_on_the_cpus(cpu_proxy, tmp_path
         assert trains and all("bf16" in row.args for row in trains)
     (tmp_path / "x").mkdir()
     without = one_gpu_plan(tmp_path / "x", horovod=False)
-    assert "horovod" not in without.labs and len(without.labs) == len(acceptance.ROWS) - 1
+    assert "horovod" not in without.labs and len(without.labs) == len(ROWS) - 1
 
 
 def test_bus_bandwidth_at_world_size_1_is_not_judged():
@@ -339,13 +344,13 @@ def test_a_doctor_that_crashes_is_a_failed_step_not_one_that_named_a_problem(tmp
     for a doctor that crashed."""
     crash = tmp_path / "crash.py"
     crash.write_text("import sys\nsys.stderr.write('Traceback ...')\nsys.exit(1)\n")
-    step = acceptance.Step("doctor", [], 1, stdout_to=tmp_path / "doctor.json", ok_codes=(0, 1), script=crash)
+    step = Step("doctor", [], 1, stdout_to=tmp_path / "doctor.json", ok_codes=(0, 1), script=crash)
     with (tmp_path / "log").open("w") as log:
-        outcome = acceptance.run_step(step, 60.0, dict(os.environ), log, tmp_path)
+        outcome = deadline.run_step(step, 60.0, dict(os.environ), log, tmp_path)
     assert outcome["status"] == "failed" and "no JSON on its stdout (doctor.json)" in outcome["note"]
     crash.write_text("import sys\nprint('{\"problems\": [\"no MPI\"]}')\nsys.exit(1)\n")
     with (tmp_path / "log").open("w") as log:
-        assert acceptance.run_step(step, 60.0, dict(os.environ), log, tmp_path)["status"] == "ok"
+        assert deadline.run_step(step, 60.0, dict(os.environ), log, tmp_path)["status"] == "ok"
 
 
 def test_a_throughput_band_from_one_run_is_the_widest_not_the_tightest():
@@ -404,8 +409,8 @@ def test_the_document_a_borrowed_machine_follows_is_filled_in_and_plans_what_the
 
     text = (REPO / "docs" / "gpu-acceptance.md").read_text()
     assert not re.findall(r"\b(?:PROXY_[A-Z_]+|TOLERANCES)\b", text)
-    planned = {h: sum(s for _, s in acceptance.estimate(acceptance.planned_rows(h))) for h in (False, True)}
-    assert f"Without Horovod (that machine): {planned[False]:.0f} s of the {acceptance.DEADLINE_S} s deadline; " \
+    planned = {h: sum(s for _, s in estimate(planned_rows(h))) for h in (False, True)}
+    assert f"Without Horovod (that machine): {planned[False]:.0f} s of the {deadline.DEADLINE_S} s deadline; " \
            f"with it, {planned[True]:.0f} s." in " ".join(text.split())
     # The one command there is the one the proxy runs (docker/gpu-acceptance.sh), with its --out.
     assert 'docker/gpu-acceptance.sh --out "$OUT"' in text

@@ -286,11 +286,11 @@ def test_the_nccl_build_links_nccl_and_says_so(tmp_path):
 
 @pytest.mark.parametrize("horovod", [True, False])
 def test_the_one_gpu_plan_runs_every_nccl_lab_and_two_ranks_over_gloo_on_the_gpu(horovod, tmp_path):
-    from harness.commands import acceptance
+    from harness.acceptance.plan import one_gpu_plan
     from harness.verdict.profiles import load_profile
 
     path = tmp_path / "plan.toml"
-    path.write_text(acceptance.one_gpu_plan(horovod))
+    path.write_text(one_gpu_plan(horovod))
     plan = load_profile(path)  # what calibrate reads: a valid template profile
     rows = plan.labs
     nccl_at_1 = {row.catalog_lab for row in rows.values() if row.backend == "nccl" and row.world_sizes == (1,)}
@@ -307,9 +307,9 @@ def test_the_one_gpu_plan_runs_every_nccl_lab_and_two_ranks_over_gloo_on_the_gpu
 
 @pytest.mark.parametrize("horovod", [(True, "built with NCCL"), (False, "Horovod was built without NCCL")])
 def test_the_one_gpu_acceptance_names_a_skipped_horovod_and_grades_what_it_calibrated(horovod, tmp_path):
-    from harness.commands import acceptance
+    from harness.acceptance.steps import one_gpu_steps
 
-    planned = acceptance.one_gpu_steps("nvidia-h200-x1", tmp_path, horovod)
+    planned = one_gpu_steps("nvidia-h200-x1", tmp_path, horovod)
     names = [step.name for step in planned]
     assert names[0] == "doctor" and names[-3:] == ["calibrate nvidia-h200-x1", "grade against nvidia-h200-x1",
                                                    "claim spread"]
@@ -322,20 +322,24 @@ def test_the_one_gpu_acceptance_names_a_skipped_horovod_and_grades_what_it_calib
 
 
 def test_acceptance_dry_run_prints_every_row_step_and_phase_and_starts_nothing(capsys, tmp_path, monkeypatch):
-    from harness.commands import acceptance, cli
+    from harness.acceptance import preflight
+    from harness.acceptance.deadline import DEADLINE_S, RESERVE_S
+    from harness.acceptance.estimate import estimate
+    from harness.acceptance.plan import planned_rows
+    from harness.commands import cli
 
     no_gpu = {"python": "python3", "torch": "2.11.0", "cuda_visible": False, "why_no_cuda": "no NVIDIA driver here"}
-    monkeypatch.setattr(acceptance, "probe_torch", lambda: no_gpu)
-    monkeypatch.setattr(acceptance, "horovod_with_nccl", lambda: (False, "Horovod was built without NCCL"))
+    monkeypatch.setattr(preflight, "probe_torch", lambda: no_gpu)
+    monkeypatch.setattr(preflight, "horovod_with_nccl", lambda: (False, "Horovod was built without NCCL"))
     assert cli.main(["acceptance", "--dry-run", "--results", str(tmp_path / "r")]) == 1  # no GPU: it would stop
     out = capsys.readouterr().out
-    for row in acceptance.planned_rows(False):
+    for row in planned_rows(False):
         assert f"plan row {row.name} " in out
     assert "horovod ws=1" in out and "SKIPPED" in out and "calibrate nvidia-h200-x1" in out and "grade against" in out
     assert "first CUDA load" in out and "cuDNN autotune" in out and "the real run would stop: no GPU" in out
     total = float(out.split("expected total ")[1].split()[0])
-    assert total == sum(seconds for _, seconds in acceptance.estimate(acceptance.planned_rows(False)))
-    assert total + acceptance.RESERVE_S <= acceptance.DEADLINE_S
+    assert total == sum(seconds for _, seconds in estimate(planned_rows(False)))
+    assert total + RESERVE_S <= DEADLINE_S
     assert not (tmp_path / "r").exists()
 
 

@@ -49,15 +49,16 @@ def test_distlab_run_without_backend_follows_the_hardware(gpus, tmp_path, monkey
 
 @pytest.mark.parametrize(("gpus", "sizes"), [(1, [1]), (2, [1, 2]), (6, [1, 2, 4, 6]), (8, [1, 2, 4, 8])])
 def test_acceptance_runs_every_world_size_the_gpus_allow(gpus, sizes, tmp_path):
-    from harness.commands import acceptance
+    from harness.acceptance.plan import profile_name
+    from harness.acceptance.steps import PLAN, steps, world_sizes
 
-    assert acceptance.world_sizes(gpus) == sizes
-    name = acceptance.profile_name("NVIDIA H200", gpus, "20261205-071200")
+    assert world_sizes(gpus) == sizes
+    name = profile_name("NVIDIA H200", gpus, "20261205-071200")
     assert name == f"nvidia-h200-x{gpus}-20261205-071200"  # never a committed profile's plain name
-    planned = dict(acceptance.steps(gpus, name, tmp_path))
+    planned = dict(steps(gpus, name, tmp_path))
     assert [name for name in planned if name.startswith("ddp ")] == [f"ddp ws={ws}" for ws in sizes]
     calibrate = planned[f"calibrate {name}"]
-    assert calibrate[calibrate.index("--template") + 1] == str(acceptance.PLAN) and acceptance.PLAN.is_file()
+    assert calibrate[calibrate.index("--template") + 1] == str(PLAN) and PLAN.is_file()
     grade = planned[f"grade against {name}"]
     assert grade[grade.index("--profile") + 1] == str(tmp_path / "profiles" / f"{name}.toml")
     # No step names a backend: each run's backend follows the hardware (NCCL on these GPUs).
@@ -65,10 +66,11 @@ def test_acceptance_runs_every_world_size_the_gpus_allow(gpus, sizes, tmp_path):
 
 
 def test_acceptance_without_a_gpu_is_one_line_and_starts_nothing(capsys, tmp_path, monkeypatch):
-    from harness.commands import acceptance, cli
+    from harness.acceptance import preflight
+    from harness.commands import cli
 
     no_gpu = {"python": "python3", "torch": "2.11.0", "cuda_visible": False, "why_no_cuda": "no NVIDIA driver here"}
-    monkeypatch.setattr(acceptance, "probe_torch", lambda: no_gpu)
+    monkeypatch.setattr(preflight, "probe_torch", lambda: no_gpu)
     assert cli.main(["acceptance", "--results", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "no GPU is visible" in err and "no NVIDIA driver here" in err and "make grade" in err
