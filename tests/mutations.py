@@ -19,6 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DP = "harness/observe/data_parallel.py"
 VERDICTS = "harness/verdict/verdicts.py"
+EVALUATE = "harness/verdict/evaluate.py"
 # The fast tests that guard the checks and verdicts: no launch, seconds each.
 FAST_TESTS = ["tests/test_grader_holds.py", "tests/test_grade.py", "tests/test_judged_right.py",
               "tests/test_streamed_passes.py"]
@@ -36,7 +37,7 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
         VERDICTS, "return sample.measured[name] if name in sample.measured else metric(sample.record, name)",
         "return sample.measured.get(name) if sample.measured.get(name) is not None else metric(sample.record, name)"),
     "observed_verdicts keeps the last repeat only": (
-        VERDICTS, 'found = [check for s in samples for check in s.observed if check["name"] == name]',
+        EVALUATE, 'found = [check for s in samples for check in s.observed if check["name"] == name]',
         'found = [check for s in samples[-1:] for check in s.observed if check["name"] == name]'),
     "process_group ignores the world size": (
         DP, 'if not _backend_is(group, backend) or group["world_size"] != world_size:',
@@ -56,7 +57,7 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
     "one_writer allows two writers": (
         DP, "if len(who) > 1}", "if len(who) > 2}"),
     "a lesson in one repeat excuses another's failure": (
-        VERDICTS, 'costing = [check for check in failing if not check.get("lesson")]',
+        EVALUATE, 'costing = [check for check in failing if not check.get("lesson")]',
         'costing = [check for check in failing[:1] if not check.get("lesson")]'),
     "parameters_trained passes parameters that never changed": (
         DP, 'unchanged = [rank for rank, t in evidence.items() if t["params_at_start"] == t["params_at_end"]]',

@@ -14,8 +14,9 @@ import pytest
 from conftest import write_rank_observation
 
 from harness.observe import data_parallel, observations
+from harness.verdict.evaluate import band_verdict, evaluate_across, observed_verdicts
 from harness.verdict.profiles import Band, LabExpectation
-from harness.verdict.verdicts import Sample, band_verdict, evaluate_across, observed_verdicts, sample_metric
+from harness.verdict.verdicts import Sample, sample_metric
 
 GLOO = {"api": "torch.distributed", "backend": "gloo", "world_size": 2}
 N = 16  # training images of the made-up runs

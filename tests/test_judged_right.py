@@ -17,8 +17,9 @@ from conftest import write_rank_observation
 from harness.classgrade import lessons, rubric
 from harness.observe import accuracy, data_parallel, observations, resume
 from harness.run.accounting import LAUNCHER_VARIABLES, last_exception
+from harness.verdict.evaluate import evaluate_cell, observed_verdicts
 from harness.verdict.profiles import LabExpectation
-from harness.verdict.verdicts import NOT_RUN, Sample, Verdict, evaluate_cell, is_lesson, observed_verdicts
+from harness.verdict.verdicts import NOT_RUN, Sample, Verdict, is_lesson
 
 
 def tiny_model() -> torch.nn.Module:

@@ -13,9 +13,10 @@ from harness.grading.plan import Cell, GradePlan
 from harness.observe import accuracy
 from harness.run.request import RunRequest
 from harness.run.runner import run_lab
+from harness.verdict.evaluate import speed_undecided
 from harness.verdict.pairing import pair_references, reference_rates
 from harness.verdict.profiles import LabExpectation
-from harness.verdict.verdicts import Sample, speed_undecided
+from harness.verdict.verdicts import Sample
 
 # However fast a cell's runs are, at most this many extra pairs: by then a t interval over the
 # log ratios is within a factor of 1.3 of its limit, and a row still undecided is not comparable.

@@ -130,7 +130,7 @@ class Check:
     applicable: bool = True  # False: nothing to judge (passed is then True, the detail says why)
     causes: tuple[str, ...] = ()  # what failed, where a check can fail for more than one thing (CLAIMS)
     # A failed check that costs nothing here (nothing the program evaluated, saved or reported depended
-    # on it): the grader shows it as a lesson, with the fix (verdicts.observed_verdicts).
+    # on it): the grader shows it as a lesson, with the fix (evaluate.observed_verdicts).
     lesson: bool = False
 
     def to_dict(self) -> dict[str, Any]:
