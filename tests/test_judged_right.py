@@ -16,6 +16,7 @@ from conftest import write_rank_observation
 
 from harness.classgrade import lessons, rubric
 from harness.observe import accuracy, data_parallel, observations, resume
+from harness.observe.check import Check
 from harness.run.accounting import LAUNCHER_VARIABLES, last_exception
 from harness.verdict.evaluate import evaluate_cell, observed_verdicts
 from harness.verdict.profiles import LabExpectation
@@ -105,7 +106,7 @@ def epochs(*orders: list[int]) -> list[dict]:
 ORDERS = [[0, 3, 5, 6], [1, 2, 4, 7], [6, 5, 3, 0]]  # one rank's three epochs, each its own order
 
 
-def resume_case(tmp_path: Path, resumed_orders: list[list[int]], read: bool = True) -> data_parallel.Check:
+def resume_case(tmp_path: Path, resumed_orders: list[list[int]], read: bool = True) -> Check:
     checkpoint = str(tmp_path / "ck.pt")
     stopped = {"stopped": {"after_epochs": 1, "steps": 2},
                "saves": [{"path": checkpoint, "written_as": checkpoint, "rank": 0, "steps": 2}]}

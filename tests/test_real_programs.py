@@ -37,6 +37,7 @@ from conftest import write_rank_observation
 
 from harness.classgrade import lessons
 from harness.observe import data_parallel, observations
+from harness.observe.check import Check
 
 REPO = Path(__file__).resolve().parents[1]
 OBSERVER = REPO / "harness" / "on_ranks" / "observer"
@@ -45,7 +46,7 @@ BIN = Path(sys.executable).parent
 TIMEOUT_S = 600  # a two-rank smoke run on a busy 2-core machine takes well under a minute
 
 
-def by_name(checks: list[data_parallel.Check]) -> dict[str, data_parallel.Check]:
+def by_name(checks: list[Check]) -> dict[str, Check]:
     return {check.name: check for check in checks}
 
 
@@ -75,7 +76,7 @@ def libraries(passes: dict[str, dict] | None = None, **more) -> dict:
             "forwards_counted": True, "passes": passes or {}, **more}
 
 
-def tutorial_ranks(folder: Path, with_libraries: bool) -> list[data_parallel.Check]:
+def tutorial_ranks(folder: Path, with_libraries: bool) -> list[Check]:
     """The tutorial at world size 2 as its ranks leave it: a peek and a training pass per epoch (two
     epochs), rank 0 then evaluates the test set; rank 1's BatchNorm statistics are its own."""
     for rank in (0, 1):

@@ -242,7 +242,7 @@ def observed_verdicts(lab: str, world_size: int, samples: list[Sample]) -> list[
         failing = [check for check in found if not check["passed"]]
         label = name if name.startswith("claim:") else f"observed:{name}"
         costing = [check for check in failing if not check.get("lesson")]
-        if failing and not costing:  # a lesson in every run that failed it (data_parallel.Check.lesson)
+        if failing and not costing:  # a lesson in every run that failed it (observe/check.Check.lesson)
             verdicts.append(Verdict(lab, world_size, label, LESSON, "passed", None, f"lesson: {failing[0]['detail']}"))
         elif failing:
             verdicts.append(Verdict(lab, world_size, label, "FAILED", "passed", False, costing[0]["detail"]))
