@@ -20,7 +20,7 @@ The rules, per check:
 - The checks of the model every rank holds (replicas_identical, buffers_identical, parameters_trained,
   replicas_in_step): replicas.py has their rules.
 - checkpoint_loads: the last file each rank saved that holds a model state loads into the model
-  (harness/observe/accuracy.py loads it, in its own process): the lab's, or the model the program
+  (harness/observe/checkpoint_loads.py loads it, in the evaluating process): the lab's, or the model the program
   trained where that is not the lab's. Not applicable where no rank saved one.
 - one_writer_per_checkpoint: no file (the path a torch.save ended up at, following a rename) was
   saved by more than one rank.
@@ -281,7 +281,7 @@ def _steps_outside(ranks: list[RankObservation]) -> str:
 
 
 def check_checkpoints(found: list[dict[str, Any]]) -> Check:
-    """The evaluator's loading of each rank's last saved model state (harness/observe/accuracy.py)."""
+    """The evaluator's loading of each rank's last saved model state (harness/observe/checkpoint_loads.py)."""
     name = "checkpoint_loads"
     checked = [entry for entry in found if entry.get("loads") is not None]
     if not checked:
