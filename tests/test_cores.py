@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness.verdict.evaluate import evaluate_across, evaluate_cell
-from harness.verdict.profiles import Band, LabExpectation
+from harness.verdict.expectations import Band, LabExpectation
 from harness.verdict.speed import NOT_COMPARABLE, speed_not_judged, unjudged
 from harness.verdict.verdicts import Sample
 from labs.common.host import Cores, cgroup_cpu_quota, usable_cores

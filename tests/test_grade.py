@@ -12,7 +12,8 @@ from harness.commands import calibrate
 from harness.report import pages
 from harness.verdict import profiles
 from harness.verdict.evaluate import band_verdict, evaluate_across, evaluate_cell, grade_verdicts
-from harness.verdict.profiles import Band, LabExpectation, Profile, ProfileError, load_profile
+from harness.verdict.expectations import Band, LabExpectation, Profile
+from harness.verdict.profiles import ProfileError, load_profile
 from harness.verdict.stats import mean_ci, t95
 from harness.verdict.verdicts import Sample, Verdict
 

@@ -16,7 +16,7 @@ from conftest import write_rank_observation
 from harness.observe import data_parallel, observations
 from harness.observe.check import NOT_VERIFIED, Check
 from harness.verdict.evaluate import band_verdict, evaluate_across, observed_verdicts
-from harness.verdict.profiles import Band, LabExpectation
+from harness.verdict.expectations import Band, LabExpectation
 from harness.verdict.verdicts import Sample, sample_metric
 
 GLOO = {"api": "torch.distributed", "backend": "gloo", "world_size": 2}

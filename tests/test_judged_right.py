@@ -19,7 +19,7 @@ from harness.observe import accuracy, checkpoint_loads, data_parallel, observati
 from harness.observe.check import Check
 from harness.run.accounting import LAUNCHER_VARIABLES, last_exception
 from harness.verdict.evaluate import evaluate_cell, observed_verdicts
-from harness.verdict.profiles import LabExpectation
+from harness.verdict.expectations import LabExpectation
 from harness.verdict.verdicts import NOT_RUN, Sample, Verdict, is_lesson
 
 
@@ -189,7 +189,7 @@ def test_the_measured_accuracy_is_shown_without_a_band_and_a_failed_cell_says_wh
     ok = Sample("r", "ok", None, 10.0, {"metrics": {"final_accuracy": 0.5}}, measured={"final_accuracy": 0.25})
     shown = {v.check: v for v in evaluate_cell(exp, 2, [ok])}["final_accuracy"]
     assert shown.passed is None and shown.measured == "0.25" and "the program reported 0.5" in shown.detail
-    from harness.verdict.profiles import Band
+    from harness.verdict.expectations import Band
 
     timed = LabExpectation("ddp", (2,), time_budget_s=100, bands=(Band("img_per_sec", at_least_ratio={2: 0.7}),))
     crashed = Sample("r", "failed", "rank 1 exited with code 1", 3.0, None)

@@ -44,8 +44,8 @@ from harness.grading.execute import execute
 from harness.usage import UsageError
 from harness.verdict import profiles
 from harness.verdict.evaluate import row_baseline
+from harness.verdict.expectations import Profile
 from harness.verdict.pairing import reference_rates
-from harness.verdict.profiles import Profile
 from harness.verdict.stats import efficiency as scaling_efficiency
 from harness.verdict.stats import mean_ci
 from harness.verdict.verdicts import Sample, sample_metric

@@ -14,8 +14,8 @@ from harness.observe import accuracy
 from harness.run.request import RunRequest
 from harness.run.runner import run_lab
 from harness.verdict.evaluate import speed_undecided
+from harness.verdict.expectations import LabExpectation
 from harness.verdict.pairing import pair_references, reference_rates
-from harness.verdict.profiles import LabExpectation
 from harness.verdict.verdicts import Sample
 
 # However fast a cell's runs are, at most this many extra pairs: by then a t interval over the

@@ -17,7 +17,7 @@ import statistics
 from typing import Any
 
 from harness.console import fmt
-from harness.verdict.profiles import Band, LabExpectation, Profile
+from harness.verdict.expectations import Band, LabExpectation, Profile
 from harness.verdict.speed import (
     BIASED,
     FAIL,
