@@ -18,7 +18,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DP = "harness/observe/data_parallel.py"
+SHARDS = "harness/observe/shards.py"
+REPLICAS = "harness/observe/replicas.py"
 VERDICTS = "harness/verdict/verdicts.py"
+EVALUATE = "harness/verdict/evaluate.py"
 # The fast tests that guard the checks and verdicts: no launch, seconds each.
 FAST_TESTS = ["tests/test_grader_holds.py", "tests/test_grade.py", "tests/test_judged_right.py",
               "tests/test_streamed_passes.py"]
@@ -29,14 +32,14 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
         DP, 'if not _backend_is(group, backend) or group["world_size"] != world_size:',
         'if group["world_size"] != world_size:'),
     "shards_cover accepts half the set": (
-        DP, "required = size - (global_batch - 1)", "required = size // 2"),
+        SHARDS, "required = size - (global_batch - 1)", "required = size // 2"),
     "optimizer_steps_equal ignores the counts": (
         DP, "if len(set(steps.values())) > 1:", "if False:"),
     "sample_metric lets the claim stand in": (
         VERDICTS, "return sample.measured[name] if name in sample.measured else metric(sample.record, name)",
         "return sample.measured.get(name) if sample.measured.get(name) is not None else metric(sample.record, name)"),
     "observed_verdicts keeps the last repeat only": (
-        VERDICTS, 'found = [check for s in samples for check in s.observed if check["name"] == name]',
+        EVALUATE, 'found = [check for s in samples for check in s.observed if check["name"] == name]',
         'found = [check for s in samples[-1:] for check in s.observed if check["name"] == name]'),
     "process_group ignores the world size": (
         DP, 'if not _backend_is(group, backend) or group["world_size"] != world_size:',
@@ -44,30 +47,30 @@ MUTATIONS: dict[str, tuple[str, str, str]] = {
     "process_group forgets a missing rank": (
         DP, "    if missing:\n        problems.append", "    if False:\n        problems.append"),
     "shards_disjoint forgets a rank's own repeats": (
-        DP, "            if repeated:\n", "            if False:\n"),
+        SHARDS, "            if repeated:\n", "            if False:\n"),
     "shards_cover ignores indices outside the set": (
-        DP, "distinct >= required and not outside", "distinct >= required"),
+        SHARDS, "distinct >= required and not outside", "distinct >= required"),
     "shards_cover judges the first epoch only": (
-        DP, "for epoch in range(epochs):\n        passes", "for epoch in range(min(epochs, 1)):\n        passes"),
+        SHARDS, "for epoch in range(epochs):\n        passes", "for epoch in range(min(epochs, 1)):\n        passes"),
     "order_changes passes a repeated order": (
-        DP, "    if repeats:\n        return Check(name, False", "    if False:\n        return Check(name, False"),
+        SHARDS, "    if repeats:\n        return Check(name, False", "    if False:\n        return Check(name, False"),
     "replicas_identical ignores the parameters": (
-        DP, "    if len(params) > 1:\n        groups", "    if False:\n        groups"),
+        REPLICAS, "    if len(params) > 1:\n        groups", "    if False:\n        groups"),
     "one_writer allows two writers": (
         DP, "if len(who) > 1}", "if len(who) > 2}"),
     "a lesson in one repeat excuses another's failure": (
-        VERDICTS, 'costing = [check for check in failing if not check.get("lesson")]',
+        EVALUATE, 'costing = [check for check in failing if not check.get("lesson")]',
         'costing = [check for check in failing[:1] if not check.get("lesson")]'),
     "parameters_trained passes parameters that never changed": (
-        DP, 'unchanged = [rank for rank, t in evidence.items() if t["params_at_start"] == t["params_at_end"]]',
+        REPLICAS, 'unchanged = [rank for rank, t in evidence.items() if t["params_at_start"] == t["params_at_end"]]',
         "unchanged = []"),
     "replicas_in_step compares nothing": (
-        DP, "        if len(set(digests.values())) > 1:\n", "        if False:\n"),
+        REPLICAS, "        if len(set(digests.values())) > 1:\n", "        if False:\n"),
     "clock trusts a slowed clock": (
         "harness/observe/observations.py", "and clock < CLOCK_AGREEMENT * kernel - CLOCK_SLACK_S",
         "and clock < 0"),
     "inputs_from_loader lets most forwards be given more": (
-        DP, "if 2 * oversized > forwards:", "if oversized > forwards:"),
+        SHARDS, "if 2 * oversized > forwards:", "if oversized > forwards:"),
     "a pass rewritten after it was streamed is taken": (
         "harness/observe/observations.py", "        elif lines[number] != digest:\n", "        elif False:\n"),
     "a later line replaces the observer's": (

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from harness.observe import data_parallel, observations
+from harness.observe.check import NOT_VERIFIED, Check
 from harness.run import runner
 from harness.run.request import RunRequest
 from harness.run.run_dir import OBSERVE_DIR
@@ -132,7 +133,7 @@ def cheat(tmp_path: Path, changes: list[tuple[str, str]]) -> Path:
     return path
 
 
-def observed(tmp_path: Path, program: Path) -> dict[str, data_parallel.Check]:
+def observed(tmp_path: Path, program: Path) -> dict[str, Check]:
     request = RunRequest(lab="ddp", program=program, world_size=2, launcher="torchrun", backend="gloo",
                          results_root=tmp_path / "results", timeout_s=TIMEOUT_S)
     result = runner.run_lab(request, echo=False)
@@ -160,6 +161,6 @@ def test_each_cheat_fails_its_own_check(tmp_path, name):
     for check, words in failing.items():
         assert not seen[check].passed and words in seen[check].detail, seen[check]
     for check in UNVERIFIED.get(name, ()):
-        assert not seen[check].applicable and seen[check].detail.startswith(data_parallel.NOT_VERIFIED), seen[check]
+        assert not seen[check].applicable and seen[check].detail.startswith(NOT_VERIFIED), seen[check]
     others = [c for c in NEW_CHECKS if c not in failing and not seen[c].passed]
     assert not others, {c: seen[c].detail for c in others}

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.verdict.profiles import Band, LabExpectation
-from harness.verdict.verdicts import NOT_COMPARABLE, Sample, evaluate_across, evaluate_cell, speed_not_judged, unjudged
+from harness.verdict.evaluate import evaluate_across, evaluate_cell
+from harness.verdict.expectations import Band, LabExpectation
+from harness.verdict.speed import NOT_COMPARABLE, speed_not_judged, unjudged
+from harness.verdict.verdicts import Sample
 from labs.common.host import Cores, cgroup_cpu_quota, usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,7 +186,7 @@ def test_distlab_run_under_taskset_sizes_threads_and_mpirun_for_one_core(tmp_pat
     assert "--oversubscribe" in mpirun and "mpi_yield_when_idle 1" in mpirun
 
 
-# --- No speed verdict where the cores cannot support one (harness/verdict/verdicts.py) ---------------
+# --- No speed verdict where the cores cannot support one (harness/verdict/speed.py) ------------------
 
 def cpu(ranks: int, threads: int, cores: int, others: float | None = 0.0, cpus: int | None = None) -> dict:
     """What run/accounting.py cpu_account writes into run.json for a run."""

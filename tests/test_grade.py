@@ -11,9 +11,11 @@ from conftest import needs_horovod
 from harness.commands import calibrate
 from harness.report import pages
 from harness.verdict import profiles
-from harness.verdict.profiles import Band, LabExpectation, Profile, ProfileError, load_profile
+from harness.verdict.evaluate import band_verdict, evaluate_across, evaluate_cell, grade_verdicts
+from harness.verdict.expectations import Band, LabExpectation, Profile
+from harness.verdict.profiles import ProfileError, load_profile
 from harness.verdict.stats import mean_ci, t95
-from harness.verdict.verdicts import Sample, Verdict, band_verdict, evaluate_across, evaluate_cell, grade_verdicts
+from harness.verdict.verdicts import Sample, Verdict
 
 REPO = Path(__file__).resolve().parent.parent
 

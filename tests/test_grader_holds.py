@@ -14,8 +14,10 @@ import pytest
 from conftest import write_rank_observation
 
 from harness.observe import data_parallel, observations
-from harness.verdict.profiles import Band, LabExpectation
-from harness.verdict.verdicts import Sample, band_verdict, evaluate_across, observed_verdicts, sample_metric
+from harness.observe.check import NOT_VERIFIED, Check
+from harness.verdict.evaluate import band_verdict, evaluate_across, observed_verdicts
+from harness.verdict.expectations import Band, LabExpectation
+from harness.verdict.verdicts import Sample, sample_metric
 
 GLOO = {"api": "torch.distributed", "backend": "gloo", "world_size": 2}
 N = 16  # training images of the made-up runs
@@ -36,7 +38,7 @@ def epoch(indices: list[int], batch: int = 4, size: int = N) -> dict:
 
 
 def judged(tmp_path: Path, per_rank: dict[int, dict], backend: str = "gloo", world_size: int = 2,
-           train_set_size: int | None = N) -> dict[str, data_parallel.Check]:
+           train_set_size: int | None = N) -> dict[str, Check]:
     found = data_parallel.checks(ranks(tmp_path, per_rank), backend, world_size, train_set_size)
     return {check.name: check for check in found}
 
@@ -318,7 +320,7 @@ def test_a_model_given_more_samples_than_its_loader_handed_out_fails_and_the_sha
     assert not check.passed and "3 of rank 0's 4 forwards" in check.detail and "(8 against 4)" in check.detail
     for name in ("shards_disjoint", "shards_cover", "order_changes_per_epoch"):
         assert (decoy[name].passed, decoy[name].applicable) == (True, False), decoy[name]
-        assert decoy[name].detail.startswith(data_parallel.NOT_VERIFIED)
+        assert decoy[name].detail.startswith(NOT_VERIFIED)
 
 
 def test_without_counted_forwards_inputs_from_loader_is_not_verified_never_passed(tmp_path):

@@ -15,10 +15,12 @@ import torch
 from conftest import write_rank_observation
 
 from harness.classgrade import lessons, rubric
-from harness.observe import accuracy, data_parallel, observations, resume
+from harness.observe import accuracy, checkpoint_loads, data_parallel, observations, resume
+from harness.observe.check import Check
 from harness.run.accounting import LAUNCHER_VARIABLES, last_exception
-from harness.verdict.profiles import LabExpectation
-from harness.verdict.verdicts import NOT_RUN, Sample, Verdict, evaluate_cell, is_lesson, observed_verdicts
+from harness.verdict.evaluate import evaluate_cell, observed_verdicts
+from harness.verdict.expectations import LabExpectation
+from harness.verdict.verdicts import NOT_RUN, Sample, Verdict, is_lesson
 
 
 def tiny_model() -> torch.nn.Module:
@@ -50,14 +52,14 @@ def test_the_last_checkpoint_must_load_into_the_model_and_what_does_not_is_named
     elif what == "shape":
         state["2.weight"] = torch.zeros(5, 3)
     path = saved(tmp_path, "snapshot.pt", {"MODEL_STATE": state, "EPOCHS_RUN": 1})
-    entry = accuracy.load_checkpoint(path, [tmp_path], {}, tiny_model)
+    entry = checkpoint_loads.load_checkpoint(path, [tmp_path], {}, tiny_model)
     assert entry["path"] == "snapshot.pt" and entry["key"] == "MODEL_STATE"
     if says is None:
         assert entry["loads"] is True, entry
     else:
         assert entry["loads"] is False and says in entry["detail"], entry
     # Without the lab's model (a program's own), it is held against the trained model's keys and shapes.
-    against = accuracy.load_checkpoint(path, [tmp_path], tiny_model().state_dict(), None)
+    against = checkpoint_loads.load_checkpoint(path, [tmp_path], tiny_model().state_dict(), None)
     assert against["loads"] is (says is None) and against["into"] == "the model the program trained"
 
 
@@ -65,14 +67,15 @@ def test_a_checkpoint_is_read_only_inside_the_run_as_tensors(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     outside = saved(tmp_path, "elsewhere.pt", tiny_model().state_dict())
-    assert "outside the run's folder" in accuracy.load_checkpoint(outside, [run], {}, tiny_model)["detail"]
+    assert "outside the run's folder" in checkpoint_loads.load_checkpoint(outside, [run], {}, tiny_model)["detail"]
     (run / "linked").symlink_to(tmp_path)
-    assert "is a link" in accuracy.load_checkpoint(run / "linked" / "elsewhere.pt", [run], {}, tiny_model)["detail"]
+    linked = checkpoint_loads.load_checkpoint(run / "linked" / "elsewhere.pt", [run], {}, tiny_model)
+    assert "is a link" in linked["detail"]
     pickled = saved(run, "model.pt", tiny_model())  # torch.save(model): the class pickled, not the weights
-    entry = accuracy.load_checkpoint(pickled, [run], {}, tiny_model)
+    entry = checkpoint_loads.load_checkpoint(pickled, [run], {}, tiny_model)
     assert entry["loads"] is False and "save model.state_dict()" in entry["detail"]
     history = saved(run, "history.pt", {"loss": [1.0, 0.5]})  # not a checkpoint: nothing to load
-    assert accuracy.load_checkpoint(history, [run], {}, tiny_model)["loads"] is None
+    assert checkpoint_loads.load_checkpoint(history, [run], {}, tiny_model)["loads"] is None
 
 
 def test_each_rank_s_last_checkpoint_is_the_one_checked(tmp_path):
@@ -84,7 +87,7 @@ def test_each_rank_s_last_checkpoint_is_the_one_checked(tmp_path):
              {"path": str(run / "log.pt"), "written_as": str(run / "log.pt"), "rank": 0, "steps": 8}]
     write_rank_observation(run / "observe", 0, saves=saves)
     write_rank_observation(run / "observe", 1)
-    entries = accuracy.checkpoints(accuracy.rank_files([run / "observe"]), [run], {}, tiny_model)
+    entries = checkpoint_loads.checkpoints(accuracy.rank_files([run / "observe"]), [run], {}, tiny_model)
     # The newest save holds no model state; the one before it is rank 0's last checkpoint.
     assert [(e["path"], e["loads"]) for e in entries] == [("log.pt", None), ("ck.pt", True)]
     check = data_parallel.check_checkpoints(entries)
@@ -104,7 +107,7 @@ def epochs(*orders: list[int]) -> list[dict]:
 ORDERS = [[0, 3, 5, 6], [1, 2, 4, 7], [6, 5, 3, 0]]  # one rank's three epochs, each its own order
 
 
-def resume_case(tmp_path: Path, resumed_orders: list[list[int]], read: bool = True) -> data_parallel.Check:
+def resume_case(tmp_path: Path, resumed_orders: list[list[int]], read: bool = True) -> Check:
     checkpoint = str(tmp_path / "ck.pt")
     stopped = {"stopped": {"after_epochs": 1, "steps": 2},
                "saves": [{"path": checkpoint, "written_as": checkpoint, "rank": 0, "steps": 2}]}
@@ -186,7 +189,7 @@ def test_the_measured_accuracy_is_shown_without_a_band_and_a_failed_cell_says_wh
     ok = Sample("r", "ok", None, 10.0, {"metrics": {"final_accuracy": 0.5}}, measured={"final_accuracy": 0.25})
     shown = {v.check: v for v in evaluate_cell(exp, 2, [ok])}["final_accuracy"]
     assert shown.passed is None and shown.measured == "0.25" and "the program reported 0.5" in shown.detail
-    from harness.verdict.profiles import Band
+    from harness.verdict.expectations import Band
 
     timed = LabExpectation("ddp", (2,), time_budget_s=100, bands=(Band("img_per_sec", at_least_ratio={2: 0.7}),))
     crashed = Sample("r", "failed", "rank 1 exited with code 1", 3.0, None)

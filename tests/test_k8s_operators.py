@@ -18,6 +18,7 @@ import k8s_operators
 import pytest
 
 from harness.observe import accuracy, data_parallel, observations
+from harness.observe.check import Check
 from harness.run import job_templates
 from harness.verdict.tolerances import accuracy_claim_tolerance
 
@@ -58,7 +59,7 @@ def logs(outcome: k8s_operators.Outcome) -> str:
     return "\n".join(f"--- {name} (exit {end.exit_code})\n{end.log[-3000:]}" for name, end in outcome.pods.items())
 
 
-def judged(observe_dirs: list[Path], record: dict, world_size: int) -> dict[str, data_parallel.Check]:
+def judged(observe_dirs: list[Path], record: dict, world_size: int) -> dict[str, Check]:
     """The harness's own checks of the ranks' observations, as a grade computes them."""
     merged = observations.merge(observe_dirs)
     with accuracy.Evaluator() as evaluator:

@@ -22,6 +22,7 @@ import pytest
 from conftest import write_rank_observation
 
 from harness.observe import accuracy, data_parallel, observations
+from harness.observe.check import Check
 from harness.on_ranks.observer.distlab_observer.fileformat import parse_pass_line
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,11 +53,11 @@ def torchrun(args: list[str], observe_dir: Path) -> subprocess.CompletedProcess[
     return launch([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", *args], observe_dir)
 
 
-def by_name(checks: list[data_parallel.Check]) -> dict[str, data_parallel.Check]:
+def by_name(checks: list[Check]) -> dict[str, Check]:
     return {check.name: check for check in checks}
 
 
-def failing(checks: list[data_parallel.Check]) -> dict[str, str]:
+def failing(checks: list[Check]) -> dict[str, str]:
     return {check.name: check.detail for check in checks if not check.passed}
 
 
@@ -151,7 +152,7 @@ def test_without_timed_training_there_is_no_throughput(tmp_path):
 
 
 def replica_ranks(tmp_path: Path, buffers: dict[int, dict[str, str]], params: dict[int, str] | None = None,
-                  evaluating: tuple[int, ...] = ()) -> list[data_parallel.Check]:
+                  evaluating: tuple[int, ...] = ()) -> list[Check]:
     """The checks of ranks whose final models have these buffer digests (name -> digest), each held by
     a BatchNorm, and these parameter digests (default: all equal); the ranks in `evaluating` ran a
     loader pass without a step after their training pass (an evaluation)."""

@@ -37,6 +37,7 @@ from conftest import write_rank_observation
 
 from harness.classgrade import lessons
 from harness.observe import data_parallel, observations
+from harness.observe.check import Check
 
 REPO = Path(__file__).resolve().parents[1]
 OBSERVER = REPO / "harness" / "on_ranks" / "observer"
@@ -45,7 +46,7 @@ BIN = Path(sys.executable).parent
 TIMEOUT_S = 600  # a two-rank smoke run on a busy 2-core machine takes well under a minute
 
 
-def by_name(checks: list[data_parallel.Check]) -> dict[str, data_parallel.Check]:
+def by_name(checks: list[Check]) -> dict[str, Check]:
     return {check.name: check for check in checks}
 
 
@@ -75,7 +76,7 @@ def libraries(passes: dict[str, dict] | None = None, **more) -> dict:
             "forwards_counted": True, "passes": passes or {}, **more}
 
 
-def tutorial_ranks(folder: Path, with_libraries: bool) -> list[data_parallel.Check]:
+def tutorial_ranks(folder: Path, with_libraries: bool) -> list[Check]:
     """The tutorial at world size 2 as its ranks leave it: a peek and a training pass per epoch (two
     epochs), rank 0 then evaluates the test set; rank 1's BatchNorm statistics are its own."""
     for rank in (0, 1):
@@ -382,7 +383,7 @@ def test_the_library_hooks_see_ddp_no_sync_forwards_autocast_and_what_a_save_hol
 
 
 def test_the_time_row_names_a_cold_compile_and_worker_start_up(tmp_path):
-    from harness.verdict import profiles, verdicts
+    from harness.verdict import evaluate, expectations, verdicts
 
     # Rank 0: its first step ended 40 s after the pass began, the next each 1 s later; torch.compile was
     # called. Rank 1: its DataLoader workers took 30 s to start.
@@ -398,7 +399,7 @@ def test_the_time_row_names_a_cold_compile_and_worker_start_up(tmp_path):
     said = observations.start_up(observations.load(tmp_path), wall_seconds=60.0)
     assert said.startswith("DataLoader workers took 30.0 s to start on rank 1") and "persistent_workers" in said
     # The time row says it where the budget is exceeded.
-    exp = profiles.LabExpectation(lab="ddp", world_sizes=[2], time_budget_s=50.0)
+    exp = expectations.LabExpectation(lab="ddp", world_sizes=[2], time_budget_s=50.0)
     slow = verdicts.Sample(str(tmp_path), "ok", None, 60.0, None, start_up=said)
-    row = next(v for v in verdicts.evaluate_cell(exp, 2, [slow]) if v.check == "time")
+    row = next(v for v in evaluate.evaluate_cell(exp, 2, [slow]) if v.check == "time")
     assert row.passed is False and f"; of it, {said};" in row.detail, row.detail  # then the interference

@@ -17,23 +17,13 @@ from pathlib import Path
 import pytest
 
 from harness.run import cpu_time
+from harness.verdict.evaluate import band_verdict, evaluate_cell, speed_undecided
+from harness.verdict.expectations import Band, LabExpectation
 from harness.verdict.pairing import pair_references
-from harness.verdict.profiles import Band, LabExpectation
 from harness.verdict.references import Reference
+from harness.verdict.speed import BIASED, FAIL, NOT_COMPARABLE, PASS, UNDECIDED, Interference, speed_rule
 from harness.verdict.stats import ratio_interval
-from harness.verdict.verdicts import (
-    BIASED,
-    FAIL,
-    NOT_COMPARABLE,
-    PASS,
-    UNDECIDED,
-    Interference,
-    Sample,
-    band_verdict,
-    evaluate_cell,
-    speed_rule,
-    speed_undecided,
-)
+from harness.verdict.verdicts import Sample
 
 PAIRS = Path(__file__).resolve().parent / "fixtures" / "speed_pairs" / "pairs.json"
 

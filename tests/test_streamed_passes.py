@@ -16,6 +16,7 @@ from pathlib import Path
 from conftest import write_rank_observation
 
 from harness.observe import data_parallel, observations
+from harness.observe.check import NOT_VERIFIED, Check
 from harness.on_ranks.observer.distlab_observer.digests import pass_digest
 from harness.on_ranks.observer.distlab_observer.fileformat import (
     PASS_LINE,
@@ -76,7 +77,7 @@ def run_without_set_epoch(folder: Path, rewritten: bool) -> list[tuple[int, int,
     return lines
 
 
-def judged(folder: Path) -> dict[str, data_parallel.Check]:
+def judged(folder: Path) -> dict[str, Check]:
     seen = observations.load(folder)
     return {c.name: c for c in data_parallel.checks(seen, "gloo", 2, train_set_size=SAMPLES)}
 
@@ -138,7 +139,7 @@ def test_a_record_rewritten_after_its_pass_ended_is_not_taken(tmp_path):
     for name in ("shards_disjoint", "shards_cover", "order_changes_per_epoch"):
         check = seen[name]
         assert check.passed and not check.applicable, check
-        assert check.detail.startswith(f"{data_parallel.NOT_VERIFIED}: rank 0's record of loader pass 1 changed")
+        assert check.detail.startswith(f"{NOT_VERIFIED}: rank 0's record of loader pass 1 changed")
 
 
 def test_passes_the_record_dropped_after_they_were_streamed_show(tmp_path):

@@ -1,6 +1,6 @@
 """Whether load can tip a speed verdict (`distlab bench verdict`): a load sweep.
 
-Every speed row is judged on an interval over paired runs (harness/verdict/verdicts.py, speed_rule):
+Every speed row is judged on an interval over paired runs (harness/verdict/speed.py, speed_rule):
 passed above its floor, failed below, "not comparable" while the interval reaches it or where the
 machine's own load explains a lab's slowness. This benchmark judges, --grades times each, at every
 load of --loads (CPU-bound processes beside the grade), each through `distlab grade` with one row of

@@ -39,7 +39,8 @@ from typing import Any
 from harness.classgrade.sandbox.limits import GIB, Limits
 from harness.usage import UsageError
 from harness.verdict.profiles import tomllib
-from harness.verdict.verdicts import NOT_COMPARABLE, Verdict, is_lesson
+from harness.verdict.speed import NOT_COMPARABLE
+from harness.verdict.verdicts import Verdict, is_lesson
 
 DEFAULT = Path(__file__).resolve().parent / "rubrics" / "ddp.toml"
 # Gradescope's four (its results.json uses the same words): after_published items are shown once staff
@@ -68,7 +69,7 @@ class Score:
     score: float
     judged: list[Verdict]  # the verdicts it was scored on (n/a left out)
     lessons: tuple[Verdict, ...] = ()  # lessons it shows at no cost (with lessons_cost they are in `judged`)
-    # Speed verdicts the machine could not support (verdicts.speed_rule): neither passed nor failed.
+    # Speed verdicts the machine could not support (verdict/speed.py, speed_rule): neither passed nor failed.
     not_comparable: tuple[Verdict, ...] = ()
 
     @property

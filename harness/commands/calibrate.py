@@ -20,7 +20,7 @@ what was measured:
   is reported as a warning: a lesson to fix, never a band to widen).
 - scaling efficiency: at least 0.5 x the measured efficiency (a faster CPU makes communication
   weigh more); with a reference loop, the efficiency over the loop's own, as the grade judges it
-  (harness/verdict/verdicts.py).
+  (harness/verdict/evaluate.py).
 - time budget: 8 x the slowest run + 60 s, a guard against hangs on the slowest CPU of a kind.
 - required checks: every check the labs' records carried.
 """
@@ -43,11 +43,12 @@ from harness.console import console
 from harness.grading.execute import execute
 from harness.usage import UsageError
 from harness.verdict import profiles
+from harness.verdict.evaluate import row_baseline
+from harness.verdict.expectations import Profile
 from harness.verdict.pairing import reference_rates
-from harness.verdict.profiles import Profile
 from harness.verdict.stats import efficiency as scaling_efficiency
 from harness.verdict.stats import mean_ci
-from harness.verdict.verdicts import Sample, row_baseline, sample_metric
+from harness.verdict.verdicts import Sample, sample_metric
 from labs.common.host import fingerprint
 from labs.common.provenance import versions as library_versions
 
@@ -76,7 +77,7 @@ def derive_lab(template: dict[str, Any], exp_metric: str, cells: dict[int, list[
     that of the runs standing for world size 1). `observed`: a data-parallel training lab, whose
     checks the harness computes itself from its observations: the record's own checks are then
     claims to compare, not requirements. `single_device`: the world-size-1 runs when they are another
-    row's (the template's single_device), as the grade compares them (harness/verdict/verdicts.py)."""
+    row's (the template's single_device), as the grade compares them (harness/verdict/evaluate.py)."""
     table = dict(template)
     table.pop("metrics", None)
     table.pop("efficiency_min", None)

@@ -25,7 +25,7 @@ from harness.report import pages
 from harness.run import slurm_array
 from harness.run.launch import dry_run
 from harness.run.run_dir import new_run_dir
-from harness.verdict.verdicts import unjudged
+from harness.verdict.speed import unjudged
 
 EXAMPLES = """examples:
   distlab grade                                    # the profile that fits this host

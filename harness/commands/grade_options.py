@@ -10,6 +10,7 @@ from harness.catalog import LABS
 from harness.grading.plan import GradePlan, plan_grade
 from harness.usage import UsageError, absolute_path, positive_float, positive_int, world_size_list
 from harness.verdict import profiles
+from harness.verdict.expectations import Profile
 from labs.common.host import fingerprint
 
 
@@ -24,7 +25,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=positive_float, help="seconds per run (default: 2 x the time budget)")
 
 
-def programs_of(items: list[str] | None, profile: profiles.Profile) -> dict[str, Path]:
+def programs_of(items: list[str] | None, profile: Profile) -> dict[str, Path]:
     """--program LAB=PATH (every row of a lab) or ROW=PATH (one row), as a mapping."""
     programs = {}
     for item in items or []:

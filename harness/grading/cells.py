@@ -40,7 +40,7 @@ from harness.on_ranks.observer.distlab_observer.fileformat import STOP_AFTER_EPO
 from harness.run.request import RunRequest
 from harness.run.run_dir import OBSERVE_DIR, RUN_DIR_PLACEHOLDER, new_run_dir
 from harness.run.runner import run_lab
-from harness.verdict.profiles import LabExpectation
+from harness.verdict.expectations import LabExpectation
 from harness.verdict.verdicts import NOT_RUN, Sample
 
 SUBNET = "198.18.{}.{}"  # RFC 2544's benchmarking range: never routed anywhere

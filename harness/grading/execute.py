@@ -15,9 +15,10 @@ from harness.observe import accuracy
 from harness.run.request import RunRequest
 from harness.run.runner import run_lab
 from harness.run.state import RunResult
+from harness.verdict.evaluate import speed_undecided
+from harness.verdict.expectations import LabExpectation
 from harness.verdict.pairing import pair_references, reference_rates
-from harness.verdict.profiles import LabExpectation
-from harness.verdict.verdicts import Sample, speed_undecided
+from harness.verdict.verdicts import Sample
 
 # However fast a cell's runs are, at most this many extra pairs: by then a t interval over the
 # log ratios is within a factor of 1.3 of its limit, and a row still undecided is not comparable.
@@ -44,7 +45,7 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
 
     Where a speed row's interval still reaches its floor after the planned runs, the cell runs
     another pair (reference, run; for a bracketed program run, lab) while the profile's
-    speed_budget_s allows one more as long as the last (verdict/verdicts.py, speed_rule).
+    speed_budget_s allows one more as long as the last (verdict/speed.py, speed_rule).
 
     `on_event`: told each run's start and end as data (console.RunProgress), for a class grade's job
     to pass to the grader. `runner` starts each run (by default run/runner.run_lab); `evaluator`
@@ -120,7 +121,7 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
 
 def undecided(grade_plan: GradePlan, cell: Cell, done: dict[Cell, list[Sample]],
               references: dict[Cell, list[Sample]]) -> bool:
-    """Whether a cell's speed rows need more pairs to decide (verdict/verdicts.py, speed_undecided)."""
+    """Whether a cell's speed rows need more pairs to decide (verdict/evaluate.py, speed_undecided)."""
     here, theirs = {cell: done.get(cell, [])}, {cell: references.get(cell, [])}
     pair_references(grade_plan.reference, here, theirs)
     return speed_undecided(grade_plan.profile.labs[cell[0]], cell[1], here[cell],

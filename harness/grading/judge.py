@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 from harness.grading.execute import execute, harness_overhead
 from harness.grading.plan import Cell, GradePlan
+from harness.verdict.evaluate import grade_verdicts
 from harness.verdict.pairing import pair_references, reference_rates
-from harness.verdict.verdicts import Sample, Verdict, grade_verdicts
+from harness.verdict.verdicts import Sample, Verdict
 
 Executor = Callable[[GradePlan, dict[Cell, list[Sample]], dict[Cell, list[Sample]]], None]
 

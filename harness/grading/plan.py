@@ -17,7 +17,8 @@ from pathlib import Path
 from harness.catalog import DEFAULT_LAUNCHER, LABS, find_lab
 from harness.run.request import RunRequest, build_request
 from harness.usage import UsageError
-from harness.verdict.profiles import Profile, against_course_lab
+from harness.verdict.expectations import Profile
+from harness.verdict.profiles import against_course_lab
 from harness.verdict.references import PROGRAM_PAIRS, REFERENCES, Reference, course_lab
 
 Cell = tuple[str, int]  # a profile row and a world size

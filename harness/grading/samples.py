@@ -24,7 +24,7 @@ from harness.run.output import read_end
 from harness.run.request import RunRequest
 from harness.run.run_dir import OBSERVE_DIR, RUN_DIR_PLACEHOLDER
 from harness.run.state import RunResult
-from harness.verdict.profiles import LabExpectation
+from harness.verdict.expectations import LabExpectation
 from harness.verdict.tolerances import accuracy_claim_tolerance, own_model_claims
 from harness.verdict.verdicts import Sample
 

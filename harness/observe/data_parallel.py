@@ -15,69 +15,17 @@ The rules, per check:
   "cpu:gloo") names it. At world size 1 a group is optional (labs/README.md, section 2): one process
   that made none passes. A launched rank that spawned processes itself (mp.spawn under torchrun)
   fails it, named as the cause of what follows from it (ports taken, ranks missing).
-- Training epochs: a rank's passes over a data loader during which its optimizer stepped, in
-  order; passes without a step (evaluation) are not training. Epoch e is every rank's e-th.
-- shards_disjoint: in every training epoch no sample index was fetched twice, by two ranks or by
-  one. (DistributedSampler's padding, drop_last=False with a dataset that does not divide by the
-  world size, repeats samples and fails this: the labs trim instead.)
-- shards_cover: in every training epoch the ranks together fetched at least N - (G - 1) distinct
-  indices of the N in the training set, G the global batch (the sum of the ranks' largest batch):
-  drop_last can trim fewer than world_size samples in the sampler and fewer than one batch per
-  rank in the loader, together at most G - 1. N is train_set_size when the harness knows it, else
-  the length of the dataset the loader read (the same on every rank, or the check fails).
-- order_changes_per_epoch: no rank fetched the same sequence of samples in two consecutive
-  training epochs (a DistributedSampler without set_epoch repeats its permutation). With fewer
-  than two training epochs there is nothing to compare: the check is not applicable, which
-  counts as passed (`applicable` is False and the detail says so; a grader shows it as n/a).
-- The pass records the three checks above rest on are held against the line the observer streamed
-  on the rank's stderr when each pass ended (observations.verify_passes): where a record differs (the
-  program changed it in its process before exit), or a pass's line never came although the harness
-  collected the run's lines, the three are not verified (not applicable, never passed), and a record
-  that differs fails the observer check.
-- replicas_identical: the model every rank evaluated, saved or reported is one model. Every rank's
-  final parameters are bitwise equal, and so are its buffers, unless a rank holding buffers other
-  than rank 0's did nothing with them: no evaluation pass (a loader pass without a step) after
-  training began, no torch.save. The parameters are equal after every step of a correct run;
-  BatchNorm's running statistics are not unless the program makes them so: each rank updates them
-  from its own batches (DDP broadcasts rank 0's at the start of each forward, and the forward moves
-  them again), so a program that evaluates or saves on every rank without averaging them
-  (labs/common/replicas.average_buffers) holds a different model on every rank, and fails. One
-  that evaluates and saves on rank 0 alone (the PyTorch DDP tutorial) outputs one model: rank 0's.
-  Which parts differ are the check's `causes` ("parameters", "buffers"): a claim is contradicted
-  only by the part it is about (CLAIMS). Where the parameters differ, the detail names what the
-  observer can tell of why (`parameters_apart_because`): ranks that started from different weights
-  (their digests at the first optimizer step), no DistributedDataParallel seen, every step taken
-  inside no_sync.
-- buffers_identical: every rank's final buffers are bitwise equal. Where they differ and nothing
-  depended on them (above), it is a lesson (Check.lesson): the course's BatchNorm lesson, with its
-  fix, costing nothing unless a rubric says so (harness/classgrade/rubric.py, lessons_cost). Where
-  the parameters differ too, the buffers follow from them: a lesson, and the replicas check fails.
+- The checks of what the loaders drew (training epochs, shards_disjoint, shards_cover,
+  order_changes_per_epoch, inputs_from_loader): shards.py has their rules.
+- The checks of the model every rank holds (replicas_identical, buffers_identical, parameters_trained,
+  replicas_in_step): replicas.py has their rules.
 - checkpoint_loads: the last file each rank saved that holds a model state loads into the model
-  (harness/observe/accuracy.py loads it, in its own process): the lab's, or the model the program
+  (harness/observe/checkpoint_loads.py loads it, in the evaluating process): the lab's, or the model the program
   trained where that is not the lab's. Not applicable where no rank saved one.
 - one_writer_per_checkpoint: no file (the path a torch.save ended up at, following a rename) was
   saved by more than one rank.
 - optimizer_steps_equal: every rank took the same number of optimizer steps. Steps taken outside
   any training pass are named: Horovod's broadcast_optimizer_state takes one on a fresh optimizer.
-- parameters_trained: on every rank the parameters the optimizers update differ at exit from what
-  they were before the first optimizer step (the observer digests them both, the same way): a program
-  that steps an optimizer without gradients ends as it began. Not verified (not applicable, never
-  passed) where the observer could not take both digests.
-- replicas_in_step: at every sampled step (observer.SAMPLED_STEPS) that every rank took, every rank's
-  parameters had the same digest: a data-parallel run's replicas are equal after every step, not
-  only at the end (a program that trains each rank alone and broadcasts rank 0's state after each
-  epoch ends with equal replicas). Not verified where no sampled step was digested on every rank.
-- inputs_from_loader: on every rank, most forwards of the trained model with gradients on (training,
-  not evaluation) were given at most the samples of the batch the loop had just received from its
-  DataLoader: the size along the batch's leading sizes where the input's first or second dimension is
-  one (micro-batches, a sequence-first model), else its first dimension, against the batch's inputs
-  together (two views of an image concatenated are one batch). A program that trains on data of its
-  own beside a decoy loader (every rank on the whole set, the sharded loader iterated only to show)
-  gives its model more samples than the loader handed out. Where it fails, the checks that rest on the
-  indices the loaders drew (shards_disjoint, shards_cover, order_changes_per_epoch) are not verified:
-  those indices say nothing of what the model trained on. Not verified where the observer counted no
-  such forward (a compiled or scripted model, a forward given keyword arguments only). What it cannot
-  see: a decoy that hands out batches as large as the ones the model is given.
 - clock: every rank's age by the observer's clock agrees with the kernel's account of it
   (observations.clock_disagreement): the harness's timings are the time's. Not verified where
   /proc did not say.
@@ -87,12 +35,13 @@ The rules, per check:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from itertools import combinations
 from pathlib import Path
 from typing import Any
 
+from harness.observe.check import NOT_VERIFIED, Check, _first, _join
 from harness.observe.observations import Observations, RankObservation, clock_disagreement
+from harness.observe.replicas import check_replicas, check_replicas_in_step, check_trained
+from harness.observe.shards import check_inputs_from_loader, check_order_changes, check_shards
 
 # The record's claims (labs/common/replicas.py writes them), the observed check that answers each,
 # and the part of it the claim is about: a check failed for another cause does not contradict it
@@ -109,10 +58,6 @@ CLAIMS: dict[str, tuple[str, str | None]] = {
     "optimizer_steps_equal": ("optimizer_steps_equal", None),
     "process_group": ("process_group", None),
 }
-# Where the course teaches what the replicas check finds (labs/TRAINING.md), and its fix in one line.
-BATCHNORM_LESSON = ("the BatchNorm lesson (labs/TRAINING.md, \"One model at the end of training\"): average the "
-                    "running statistics over the ranks before evaluating and saving (one all-reduce, then divide "
-                    "by the world size), or broadcast rank 0's")
 # Where a rank's optimizer steps outside its training passes come from, when the launcher's library says so.
 HOROVOD_INIT_STEP = ("Horovod's broadcast_optimizer_state steps a fresh optimizer once with zero gradients to "
                      "create its state: with weight decay that step shrinks every weight; call it only when "
@@ -120,23 +65,6 @@ HOROVOD_INIT_STEP = ("Horovod's broadcast_optimizer_state steps a fresh optimize
 # A program times its own steps its own way (with or without loading the next batch, say): its
 # img_per_sec is a claim to contradict only when it exceeds the harness's by more than this factor.
 THROUGHPUT_CLAIM_FACTOR = 1.5
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    passed: bool
-    detail: str  # one line: what the harness saw
-    applicable: bool = True  # False: nothing to judge (passed is then True, the detail says why)
-    causes: tuple[str, ...] = ()  # what failed, where a check can fail for more than one thing (CLAIMS)
-    # A failed check that costs nothing here (nothing the program evaluated, saved or reported depended
-    # on it): the grader shows it as a lesson, with the fix (verdicts.observed_verdicts).
-    lesson: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        found = {"name": self.name, "passed": self.passed, "detail": self.detail, "applicable": self.applicable}
-        return {**found, "lesson": True} if self.lesson else found
-
 
 
 def checks(observations: Observations, expected_backend: str, expected_world_size: int,
@@ -163,7 +91,6 @@ def checks(observations: Observations, expected_backend: str, expected_world_siz
         check_clock(observations),
         check_observer(observations),
     ]
-
 
 
 def compare_claims(record: dict[str, Any] | None, observed: list[Check], measured_accuracy: float | None = None,
@@ -236,7 +163,6 @@ def accuracy_claim(claimed: float, replicas: Check | None, measured: float | Non
     return Check(name, False, f"{says}, harness measured {shown}: none of them, each rank's own model held "
                               "against what it evaluated (the ranks' final states differ, observed:replicas_identical)")
 
-
 # -------------------------------------------------------------------------------------------- checks
 
 
@@ -295,188 +221,6 @@ def _spawned(note: dict[str, Any]) -> str:
             f"do not spawn (labs/README.md, section 2: a lab never spawns its own ranks)")
 
 
-def _epochs(ranks: list[RankObservation]) -> tuple[int, str]:
-    """Training epochs every rank has, and a note when the ranks differ."""
-    counts = {r.rank: len(r.training_epochs) for r in ranks}
-    if len(set(counts.values())) > 1:
-        return min(counts.values()), " (ranks trained for different numbers of epochs: " + ", ".join(
-            f"rank {r} {n}" for r, n in counts.items()) + ")"
-    return (min(counts.values()) if counts else 0), ""
-
-
-def _passes_unverified(ranks: list[RankObservation]) -> str | None:
-    """Why the pass records these checks rest on cannot be taken (observations.verify_passes), or None."""
-    return next((r.passes_unverified for r in ranks if r.passes_unverified), None)
-
-
-def check_shards(ranks: list[RankObservation], train_set_size: int | None) -> list[Check]:
-    unverified = _passes_unverified(ranks)
-    if unverified:
-        return [Check(name, True, f"{NOT_VERIFIED}: {unverified}", applicable=False)
-                for name in ("shards_disjoint", "shards_cover")]
-    epochs, note = _epochs(ranks)
-    if not epochs:
-        why = "harness observed no training epoch (no loader pass with an optimizer step) on " + (
-            "any rank" if not ranks else "some rank")
-        return [Check("shards_disjoint", False, why), Check("shards_cover", False, why)]
-
-    overlaps: list[str] = []
-    covers: list[tuple[int, bool | None, str]] = []
-    for epoch in range(epochs):
-        passes = [(r.rank, r.training_epochs[epoch]) for r in ranks]
-        # Disjoint: every pair of ranks, and each rank with itself (a sample fetched twice).
-        for (a, pa), (b, pb) in combinations(passes, 2):
-            shared = len(set(pa.indices) & set(pb.indices))
-            if shared:
-                overlaps.append(f"ranks {a} and {b} both fetched {shared} of the same samples in epoch {epoch}")
-        for rank, p in passes:
-            repeated = len(p.indices) - len(set(p.indices))
-            if repeated:
-                overlaps.append(f"rank {rank} fetched {repeated} samples twice in epoch {epoch}")
-        # Cover.
-        sizes = {p.dataset_len for _, p in passes}
-        size = train_set_size if train_set_size is not None else (sizes.pop() if len(sizes) == 1 else None)
-        if size is None:
-            covers.append((epoch, None, f"the ranks read training sets of different lengths {sorted(sizes, key=str)}"))
-            continue
-        global_batch = sum(max(p.batch_sizes, default=0) for _, p in passes)
-        fetched = set().union(*(p.indices for _, p in passes))
-        outside = sum(1 for i in fetched if not 0 <= i < size)
-        distinct = len(fetched) - outside
-        required = size - (global_batch - 1)
-        covers.append((epoch, distinct >= required and not outside,
-                       f"{distinct} of {size} samples" + (f" and {outside} indices outside it" if outside else "")
-                       + f" (at least {required} required: {size} minus global batch {global_batch} less one)"))
-
-    disjoint = (Check("shards_disjoint", False, _first(overlaps, "overlap") + note) if overlaps else
-                Check("shards_disjoint", True, f"no sample fetched twice in any of {epochs} training epoch(s) "
-                                               f"over {len(ranks)} rank(s){note}"))
-    failing = [(e, what) for e, ok, what in covers if not ok]
-    if failing:
-        epoch, what = failing[0]
-        more = f" (and {len(failing) - 1} more epoch(s))" if len(failing) > 1 else ""
-        cover = Check("shards_cover", False, f"harness observed epoch {epoch} covering {what}{more}{note}")
-    else:
-        cover = Check("shards_cover", True, f"every training epoch covered {covers[-1][2]}{note}")
-    return [disjoint, cover]
-
-
-def check_order_changes(ranks: list[RankObservation]) -> Check:
-    name = "order_changes_per_epoch"
-    unverified = _passes_unverified(ranks)
-    if unverified:
-        return Check(name, True, f"{NOT_VERIFIED}: {unverified}", applicable=False)
-    epochs, note = _epochs(ranks)
-    if epochs < 2:
-        return Check(name, True, f"not applicable: {epochs} training epoch(s) observed, 2 or more needed to compare",
-                     applicable=False)
-    same = {r.rank: [f"{e - 1} and {e}" for e in range(1, epochs)
-                     if r.training_epochs[e].indices == r.training_epochs[e - 1].indices] for r in ranks}
-    repeats = [f"rank {rank} trained in the same order in epochs {', '.join(pairs)}"
-               for rank, pairs in same.items() if pairs]  # one a rank: what "(and 1 more rank)" counts
-    if repeats:
-        return Check(name, False, _first(repeats, "rank") + " (a sampler repeats its order when set_epoch is not "
-                     "called)" + note)
-    return Check(name, True, f"every rank's order changed between each of its {epochs} training epochs{note}")
-
-
-def check_replicas(ranks: list[RankObservation]) -> list[Check]:
-    """replicas_identical and buffers_identical (the module's docstring has the rules)."""
-    name = "replicas_identical"
-    without = [r.rank for r in ranks if not r.model]
-    if not ranks or without:
-        why = (f"harness found no trained model on rank {_join(without) or '(none)'} (no optimizer step, or the "
-               "observer could not find the module)")
-        return [Check(name, False, why), Check("buffers_identical", False, why)]
-    model = {r.rank: r.model for r in ranks if r.model}  # every rank's: the ones without returned above
-    first, others = ranks[0], ranks[1:]
-    differing = {r.rank: _buffers_differing(model[first.rank], model[r.rank]) for r in others
-                 if model[r.rank].get("buffers_sha256") != model[first.rank].get("buffers_sha256")}
-    params = {model[r.rank]["params_sha256"] for r in ranks}
-    if len(params) > 1:
-        groups: dict[str, list[int]] = {}
-        for r in ranks:
-            groups.setdefault(model[r.rank]["params_sha256"], []).append(r.rank)
-        split = "; ".join(f"rank {_join(rs)}: {digest[:12]}" for digest, rs in groups.items())
-        because = parameters_apart_because(ranks)
-        return [Check(name, False, f"harness observed {len(params)} distinct digests of the final parameters "
-                                   f"over {len(ranks)} ranks ({split})" + (f": {because}" if because else ""),
-                      causes=("parameters", "buffers") if differing else ("parameters",)),
-                Check("buffers_identical", False, "the buffers differ too, as the models do: they follow from the "
-                                                  "parameters (observed:replicas_identical), no lesson of their own",
-                      causes=("buffers",), lesson=True) if differing else
-                Check("buffers_identical", True, f"the buffers are equal on all {len(ranks)} ranks; the parameters are "
-                                                 "not (observed:replicas_identical)")]
-    if not differing:
-        same = f"final parameters and buffers bitwise equal on all {len(ranks)} ranks ({next(iter(params))[:12]})"
-        return [Check(name, True, f"{same}: one model"), Check("buffers_identical", True, same)]
-    names = sorted({buffer for buffers in differing.values() for buffer in buffers})
-    kinds = (model[first.rank].get("buffers") or {})
-    batchnorm = bool(names) and all((kinds.get(buffer) or {}).get("module") == "BatchNorm" for buffer in names)
-    what = "BatchNorm running statistics" if batchnorm else "buffers"
-    which = f", in {len(names)} buffer(s), e.g. {names[0]}" if names else ""
-    who = f"rank{'s' if len(differing) > 1 else ''} {_join(sorted(differing), ' and ')}"
-    apart = f"{what} differ on {len(differing)} of {len(ranks)} ranks ({who} from rank {first.rank}'s{which})"
-    lesson = f"; {BATCHNORM_LESSON}" if batchnorm else ""
-    used = [f"rank {r.rank} {' and '.join(uses)}" for r in others if r.rank in differing
-            for uses in [_uses(r)] if uses]
-    if used:
-        return [Check(name, False, f"parameters identical; {apart}, and {'; '.join(used)}: each rank "
-                                   f"holds a different model to evaluate and save{lesson}", causes=("buffers",)),
-                Check("buffers_identical", False, f"{apart}: what the program evaluated or saved on "
-                                                  f"{'those ranks' if len(used) > 1 else 'that rank'} depends on "
-                                                  f"them{lesson}", causes=("buffers",))]
-    unused = (f"no rank holding other {what} than rank {first.rank}'s evaluated or saved after training began, so "
-              f"the model the program evaluated and saved is rank {first.rank}'s")
-    return [Check(name, True, f"final parameters bitwise equal on all {len(ranks)} ranks ({next(iter(params))[:12]}); "
-                              f"{apart}, but {unused} (observed:buffers_identical)", causes=("buffers",)),
-            Check("buffers_identical", False, f"{apart}; {unused}{lesson}", causes=("buffers",), lesson=True)]
-
-
-def parameters_apart_because(ranks: list[RankObservation]) -> str:
-    """What the observer can tell of why the ranks' parameters ended apart, with the fix ("" where
-    it can tell nothing: an older observation, or none of these)."""
-    first = {r.rank: r.libraries.get("first_step_params_sha256") for r in ranks}
-    if all(first.values()) and len(set(first.values())) > 1:
-        return ("the ranks started from different weights (their parameters differed at the first optimizer step): "
-                "build the model from the same seed on every rank, or broadcast rank 0's before training (DDP does "
-                "when it wraps the model)")
-    torch_ranks = [r for r in ranks if r.libraries and r.process_groups
-                   and r.process_groups[-1].get("api") == "torch.distributed"]
-    unwrapped = [r.rank for r in torch_ranks if not r.libraries.get("ddp_wraps")]
-    if unwrapped:
-        return (f"no DistributedDataParallel wrap was seen on rank {_join(unwrapped, ' and ')}: nothing averaged the "
-                "gradients; wrap the model in DDP before training (or all-reduce the gradients before each step)")
-    no_sync = [r.rank for r in torch_ranks
-               if r.optimizer_steps and r.libraries.get("steps_in_no_sync") == r.optimizer_steps]
-    if no_sync:
-        return (f"every optimizer step on rank {_join(no_sync, ' and ')} was taken inside DDP's no_sync(): DDP never "
-                "all-reduced a gradient; under no_sync only accumulate, and run the last micro-batch's backward and "
-                "the step outside it")
-    return ""
-
-
-def _uses(rank: RankObservation) -> list[str]:
-    """What a rank did with its model after training began: evaluated (a pass without a step), saved."""
-    uses = []
-    evaluated = rank.evaluations_after_training
-    if evaluated:
-        uses.append(f"evaluated with them ({len(evaluated)} loader pass(es) without an optimizer step, "
-                    f"{sum(len(p.indices) for p in evaluated)} samples)")
-    saved = rank.saves_after_training
-    if saved:
-        uses.append(f"saved them ({Path(saved[-1]['path']).name})")
-    return uses
-
-
-def _buffers_differing(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """The buffers whose digests differ between two ranks' final models ([] where the observer did
-    not digest each buffer: an older observation)."""
-    mine, theirs = a.get("buffers") or {}, b.get("buffers") or {}
-    return sorted(name for name in mine.keys() | theirs.keys()
-                  if (mine.get(name) or {}).get("sha256") != (theirs.get(name) or {}).get("sha256"))
-
-
 def check_one_writer(ranks: list[RankObservation]) -> Check:
     name = "one_writer_per_checkpoint"
     writers: dict[str, set[int]] = {}
@@ -508,66 +252,6 @@ def check_steps(ranks: list[RankObservation]) -> Check:
     return Check(name, True, f"every rank took {next(iter(steps.values()))} optimizer steps{outside}")
 
 
-NOT_VERIFIED = "not verified"
-
-
-def check_trained(ranks: list[RankObservation]) -> Check:
-    name = "parameters_trained"
-    evidence = {r.rank: (r.training or {}) for r in ranks}
-    unknown = [rank for rank, t in evidence.items() if not (t.get("params_at_start") and t.get("params_at_end"))]
-    if not ranks or unknown:
-        return Check(name, True, f"{NOT_VERIFIED}: the observer took no digest of the parameters before the first "
-                                 f"step and at exit on rank {_join(unknown) or '(none)'}", applicable=False)
-    unchanged = [rank for rank, t in evidence.items() if t["params_at_start"] == t["params_at_end"]]
-    if unchanged:
-        return Check(name, False, f"harness observed rank {_join(unchanged)}'s parameters at exit bitwise equal to "
-                                  "what they were before the first optimizer step: the optimizer stepped, nothing "
-                                  "was trained (no gradients reached it?)")
-    return Check(name, True, f"every rank's parameters at exit differ from what they were before the first step "
-                             f"({len(ranks)} rank(s))")
-
-
-def check_inputs_from_loader(ranks: list[RankObservation]) -> Check:
-    name = "inputs_from_loader"
-    counted = {r.rank: [p.samples for p in r.training_epochs if "trained_forwards" in p.samples] for r in ranks}
-    unknown = [rank for rank, passes in counted.items() if not sum(s["trained_forwards"] for s in passes)]
-    if not ranks or unknown:
-        return Check(name, True, f"{NOT_VERIFIED}: the observer counted no forward with gradients in a training "
-                                 f"epoch on rank {_join(unknown) or '(none)'} (an observer older than this count, a "
-                                 "compiled or scripted model, a model given keyword arguments only)", applicable=False)
-    for rank, passes in counted.items():
-        forwards = sum(s["trained_forwards"] for s in passes)
-        oversized = sum(s.get("oversized", 0) for s in passes)
-        if 2 * oversized > forwards:  # most forwards: a last batch fetched ahead of its step is one
-            largest = max(passes, key=lambda s: s.get("largest", 0))
-            return Check(name, False, f"harness observed {oversized} of rank {rank}'s {forwards} forwards with "
-                                      f"gradients in its training epochs given more samples than the batch its "
-                                      f"DataLoader had just handed out ({largest.get('largest')} against "
-                                      f"{largest.get('batch_most')}): the model trained on data the loader did not "
-                                      "hand out (a decoy loader beside the real data?)")
-    return Check(name, True, f"every forward with gradients was given at most the samples of the batch its "
-                             f"DataLoader had just handed out ({len(ranks)} rank(s))")
-
-
-def check_replicas_in_step(ranks: list[RankObservation]) -> Check:
-    name = "replicas_in_step"
-    sampled = [(r.training or {}).get("params_at_steps") or {} for r in ranks]
-    common = sorted(set.intersection(*(set(s) for s in sampled)), key=int) if sampled else []
-    if len(ranks) < 2 or not common:
-        why = "one rank, nothing to compare" if len(ranks) == 1 else \
-            "no sampled step's parameters were digested on every rank"
-        return Check(name, True, f"{NOT_VERIFIED}: {why}", applicable=False)
-    for step in common:
-        digests = {r.rank: s[step] for r, s in zip(ranks, sampled, strict=True)}
-        if len(set(digests.values())) > 1:
-            apart = [rank for rank, d in digests.items() if d != digests[ranks[0].rank]]
-            return Check(name, False, f"harness observed the parameters after optimizer step {step} differ between "
-                                      f"rank {ranks[0].rank} and rank {_join(apart)}: the replicas trained apart "
-                                      "(no gradient all-reduce?), whatever they ended as", causes=("parameters",))
-    return Check(name, True, f"parameters bitwise equal on all {len(ranks)} ranks after optimizer step(s) "
-                             f"{', '.join(common)}")
-
-
 def check_clock(observations: Observations) -> Check:
     ages = [(r.training or {}).get("kernel_age_s") for r in observations.ranks.values()]
     if not ages or any(not isinstance(age, (int, float)) for age in ages):
@@ -597,7 +281,7 @@ def _steps_outside(ranks: list[RankObservation]) -> str:
 
 
 def check_checkpoints(found: list[dict[str, Any]]) -> Check:
-    """The evaluator's loading of each rank's last saved model state (harness/observe/accuracy.py)."""
+    """The evaluator's loading of each rank's last saved model state (harness/observe/checkpoint_loads.py)."""
     name = "checkpoint_loads"
     checked = [entry for entry in found if entry.get("loads") is not None]
     if not checked:
@@ -621,16 +305,3 @@ def check_observer(observations: Observations) -> Check:
     if problems:
         return Check("observer", False, _first(problems, "problem"))
     return Check("observer", True, f"observations complete from {len(observations.ranks)} rank(s)")
-
-
-def _first(items: list[str], each: str) -> str:
-    """The first of several findings, and how many more of what (`each`: "rank", "overlap"): a bare
-    "(and 1 more)" after "in epochs 0 and 1" reads as one more epoch."""
-    more = len(items) - 1
-    return items[0] + (f" (and {more} more {each}{'s' if more > 1 else ''})" if more else "")
-
-
-def _join(numbers: list[int], last: str = ", ") -> str:
-    words = [str(n) for n in numbers]
-    return last.join(words) if len(words) <= 2 else ", ".join(words[:-1]) + last + words[-1]
-

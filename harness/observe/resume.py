@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.observe.data_parallel import Check, _join
+from harness.observe.check import Check, _join
 from harness.observe.observations import LoaderPass, Observations, RankObservation
 
 NAME = "resume_continues"

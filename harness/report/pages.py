@@ -38,7 +38,7 @@ MARK = {True: "pass", False: "FAIL", None: "n/a"}
 
 def verdict_table(verdicts: list[Verdict], title: str) -> Table:
     table = Table(title=escape(title))
-    # A speed row shows what other work did meanwhile beside its result (verdicts.speed_rule).
+    # A speed row shows what other work did meanwhile beside its result (speed.speed_rule).
     interference = any(v.interference for v in verdicts)
     for column in ("lab", "ws", "check", "measured", "expected", "result", *(["interference"] if interference else [])):
         table.add_column(column)

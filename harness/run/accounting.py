@@ -169,7 +169,7 @@ def cpu_account(request: RunRequest, outcome: Outcome) -> dict[str, Any]:
     horovodrun place them on other hosts), threads per rank, the cores that were ours (usable_cores:
     affinity, cgroup quota, host) and the interference measured meanwhile: the cores other processes kept
     busy, the cores a hypervisor stole, the host's run queue. The verdicts decide from it whether a
-    speed can be judged (verdict/verdicts.py, speed_interference)."""
+    speed can be judged (verdict/speed.py, speed_not_judged)."""
     placement = request.placement
     if placement.get("hosts") or placement.get("hostfile"):
         ranks_here = None

@@ -5,8 +5,8 @@ ranks, the harness the launcher, the rendezvous helper and any orphan, before th
 
 Measured, not assumed: a grade cannot know that two other programs are busy on its cores, and
 multi-threaded ranks beside them run 3 to 40 times slower (labs/TRAINING.md, the robustness sweep),
-for reasons that are not the program's. The verdicts read the figure (verdict/verdicts.py,
-speed_interference). Beside it, what the kernel tells as cheaply: the CPU time a hypervisor took from our
+for reasons that are not the program's. The verdicts read the figure (verdict/speed.py,
+speed_not_judged). Beside it, what the kernel tells as cheaply: the CPU time a hypervisor took from our
 CPUs (steal, a busy host's other virtual machines) and the run queue (tasks runnable on the whole host,
 /proc/loadavg's fourth field, sampled while the run ran: the run's own ranks included)."""
 
@@ -108,7 +108,7 @@ def contended(cpu: dict[str, Any]) -> bool:
     """Whether, in a run's cpu account (run/accounting.py, cpu_account), the other processes and the
     run's own ranks x threads wanted more than our CPUs by over OTHERS_TOLERANCE (a quota's share of
     a big host beside busy tenants on other CPUs does not count), or a hypervisor stole that much:
-    the run waited for cores, whatever its program did. The speed verdicts (verdict/verdicts.py,
+    the run waited for cores, whatever its program did. The speed verdicts (verdict/speed.py,
     interference) and `distlab run`'s summary read it."""
     others, steal = _count(cpu.get("others_cores")), _count(cpu.get("steal_cores")) or 0.0
     cores = _count(cpu.get("cores"))

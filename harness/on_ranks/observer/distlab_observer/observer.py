@@ -13,7 +13,7 @@ wait for the program to import torch (and horovod.torch); nothing is imported be
   itself, rather than reading the program's img_per_sec;
 - every torch.save, by resolved path, followed through a rename (checkpoints are written to a
   temporary file and renamed into place), with the optimizer steps taken before it: the harness
-  loads the last one into the model itself (harness/observe/accuracy.py); and every torch.load of a
+  loads the last one into the model itself (harness/observe/checkpoint_loads.py); and every torch.load of a
   file (the first LOADS_KEPT), so a resumed run shows which checkpoint it read;
 - at exit: the model the optimizers trained (found from their parameters), its state's digests and
   the state itself (final_weights.pt on rank 0, final_weights.<r>.pt on the others), so the harness
