@@ -127,24 +127,9 @@ def run(args: argparse.Namespace) -> int:
                 console.print(f"[yellow]{name}: skipped[/]: {escape(reason)}")
                 results.append({"library": name, "skipped": reason})
                 continue
-            pairs = []
-            for index in range(args.warmup_pairs + args.pairs):
-                # A B, then B A: which side goes first alternates, so a drifting machine favours neither.
-                order = ("bench", "reference") if index % 2 == 0 else ("reference", "bench")
-                pair: dict[str, dict[int, float]] = {}
-                for side in order:
-                    folder = workdir / name / f"pair{index}-{side}"
-                    measured = (run_bench if side == "bench" else run_reference)(library, sizes, args, folder)
-                    if isinstance(measured, str):
-                        console.print(f"[red]{name}: {side} failed[/]: {escape(measured)}")
-                        failed = True
-                        break
-                    pair[side] = measured
-                if failed:
-                    break
-                if index >= args.warmup_pairs:
-                    pairs.append((pair["bench"], pair["reference"]))
-            if failed:
+            pairs = measure_pairs(library, sizes, args, workdir / name)
+            if pairs is None:
+                failed = True
                 break
             results.append(compare(library, sizes, pairs, args.target))
             save(results, sizes, args)  # each library as it finishes: a long run stopped later keeps it
@@ -158,6 +143,27 @@ def run(args: argparse.Namespace) -> int:
         return 2
     rows = [row for r in results for row in r.get("rows", [])]
     return 0 if rows and all(row["passed"] for row in rows) else 1
+
+
+def measure_pairs(library: Library, sizes: list[int], args: argparse.Namespace, workdir: Path
+                  ) -> list[tuple[dict[int, float], dict[int, float]]] | None:
+    """The bench and the reference run side by side, pair after pair, past the warm-up pairs; None
+    (and why, printed) where a run failed."""
+    pairs = []
+    for index in range(args.warmup_pairs + args.pairs):
+        # A B, then B A: which side goes first alternates, so a drifting machine favours neither.
+        order = ("bench", "reference") if index % 2 == 0 else ("reference", "bench")
+        pair: dict[str, dict[int, float]] = {}
+        for side in order:
+            measured = (run_bench if side == "bench" else run_reference)(library, sizes, args,
+                                                                         workdir / f"pair{index}-{side}")
+            if isinstance(measured, str):
+                console.print(f"[red]{library.name}: {side} failed[/]: {escape(measured)}")
+                return None
+            pair[side] = measured
+        if index >= args.warmup_pairs:
+            pairs.append((pair["bench"], pair["reference"]))
+    return pairs
 
 
 def save(results: list[dict], sizes: list[int], args: argparse.Namespace) -> None:

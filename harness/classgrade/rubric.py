@@ -156,36 +156,42 @@ def load(path: Path | None = None, due: dt.datetime | None = None) -> Rubric:
         if not isinstance(due, dt.datetime):
             raise _fail(path, "due must be a TOML date-time, like 2026-12-10T23:59:00Z")
         due = due if due.tzinfo else due.replace(tzinfo=dt.timezone.utc)
-    items = []
-    for number, raw in enumerate(data.get("items") or [], 1):
-        where = f"items[{number}]"
-        if not isinstance(raw, dict):
-            raise _fail(path, f"{where} must be a table ([[items]])")
-        extra = set(raw) - {"name", "checks", "points", "partial", "visibility", "absent_passes", "lessons_cost"}
-        if extra:
-            raise _fail(path, f"{where} has unknown key(s) {', '.join(sorted(extra))}")
-        name, checks, points = raw.get("name"), raw.get("checks"), raw.get("points")
-        if not isinstance(name, str) or not name.strip() or "," in name or "\n" in name:
-            raise _fail(path, f"{where}.name must be a one-line text without commas (it names a gradebook column)")
-        if not isinstance(checks, list) or not checks or not all(isinstance(c, str) and c for c in checks):
-            raise _fail(path, f"{where}.checks must be a list of verdict names, like [\"observed:shards_disjoint\"]")
-        if isinstance(points, bool) or not isinstance(points, (int, float)) or not points >= 0 or points > 1e6:
-            raise _fail(path, f"{where}.points must be a number from 0 to 1e6")
-        visibility = raw.get("visibility", "visible")
-        if visibility not in VISIBILITY:
-            raise _fail(path, f"{where}.visibility must be one of {', '.join(VISIBILITY)}")
-        if visibility == "after_due_date" and due is None:
-            raise _fail(path, f"{where} is visible after_due_date, but the rubric has no due date")
-        partial, absent = raw.get("partial", False), raw.get("absent_passes", False)
-        lessons_cost = raw.get("lessons_cost", False)
-        if not all(isinstance(flag, bool) for flag in (partial, absent, lessons_cost)):
-            raise _fail(path, f"{where}.partial, .absent_passes and .lessons_cost must be true or false")
-        items.append(Item(name.strip(), tuple(checks), float(points), partial, visibility, absent, lessons_cost))
+    items = [_item(path, f"items[{number}]", raw, due) for number, raw in enumerate(data.get("items") or [], 1)]
     if not items:
         raise _fail(path, "has no [[items]]; each item names the checks it scores")
     if len({item.name for item in items}) != len(items):
         raise _fail(path, "two items have the same name (each is a gradebook column)")
-    limits = data.get("limits") or {}
+    return Rubric(str(data.get("name") or path.stem), path, tuple(items), _limits(path, data.get("limits") or {}), due)
+
+
+def _item(path: Path, where: str, raw: Any, due: dt.datetime | None) -> Item:
+    """One [[items]] table, checked: one line naming the key otherwise."""
+    if not isinstance(raw, dict):
+        raise _fail(path, f"{where} must be a table ([[items]])")
+    extra = set(raw) - {"name", "checks", "points", "partial", "visibility", "absent_passes", "lessons_cost"}
+    if extra:
+        raise _fail(path, f"{where} has unknown key(s) {', '.join(sorted(extra))}")
+    name, checks, points = raw.get("name"), raw.get("checks"), raw.get("points")
+    if not isinstance(name, str) or not name.strip() or "," in name or "\n" in name:
+        raise _fail(path, f"{where}.name must be a one-line text without commas (it names a gradebook column)")
+    if not isinstance(checks, list) or not checks or not all(isinstance(c, str) and c for c in checks):
+        raise _fail(path, f"{where}.checks must be a list of verdict names, like [\"observed:shards_disjoint\"]")
+    if isinstance(points, bool) or not isinstance(points, (int, float)) or not points >= 0 or points > 1e6:
+        raise _fail(path, f"{where}.points must be a number from 0 to 1e6")
+    visibility = raw.get("visibility", "visible")
+    if visibility not in VISIBILITY:
+        raise _fail(path, f"{where}.visibility must be one of {', '.join(VISIBILITY)}")
+    if visibility == "after_due_date" and due is None:
+        raise _fail(path, f"{where} is visible after_due_date, but the rubric has no due date")
+    partial, absent = raw.get("partial", False), raw.get("absent_passes", False)
+    lessons_cost = raw.get("lessons_cost", False)
+    if not all(isinstance(flag, bool) for flag in (partial, absent, lessons_cost)):
+        raise _fail(path, f"{where}.partial, .absent_passes and .lessons_cost must be true or false")
+    return Item(name.strip(), tuple(checks), float(points), partial, visibility, absent, lessons_cost)
+
+
+def _limits(path: Path, limits: dict[str, Any]) -> Limits:
+    """The [limits] table, checked, in the sandbox's units (bytes, counts, seconds)."""
     units = {"memory_gib": ("memory_bytes", GIB), "output_gib": ("output_bytes", GIB), "processes": ("processes", 1),
              "open_files": ("open_files", 1), "wall_s": ("wall_s", 1), "files": ("files", 1), "depth": ("depth", 1)}
     if set(limits) - set(units):
@@ -196,4 +202,4 @@ def load(path: Path | None = None, due: dt.datetime | None = None) -> Rubric:
             raise _fail(path, f"limits.{key} must be a positive number")
         field, scale = units[key]
         values[field] = float(value) if field == "wall_s" else int(value * scale)
-    return Rubric(str(data.get("name") or path.stem), path, tuple(items), Limits(**values), due)
+    return Limits(**values)

@@ -29,6 +29,22 @@ from labs.common.host import usable_cores
 from labs.common.topology import Topology
 
 
+def ended_because(request: RunRequest, outcome: Outcome, failure: Failure | None,
+                  rank_logs: dict[int, Path]) -> str | None:
+    """The launcher's side of why a run ended early: its timeout, a signal that stopped it, or the
+    rank that failed (and its last exception); None where it ended well by the launcher's account."""
+    if outcome.timed_out:
+        return f"timed out after {request.timeout_s:g} s: hang suspected (each rank's last lines are in its log)"
+    if outcome.stopped_by == signal.SIGINT:
+        return "interrupted (Ctrl-C)"
+    if outcome.stopped_by is not None:
+        return f"stopped by {signal_name(outcome.stopped_by)}"
+    if failure:
+        return f"{failure.describe()} (launcher exit code {outcome.returncode})" + exception_said(request, failure,
+                                                                                                 rank_logs)
+    return None
+
+
 def account(run: PreparedRun, outcome: Outcome) -> RunResult:
     """Rank logs, the failing rank, the record (the lab's, amended, or the harness's) and the reason;
     record.json and run.json written once each."""
@@ -45,17 +61,7 @@ def account(run: PreparedRun, outcome: Outcome) -> RunResult:
         failure = LAUNCHERS[request.launcher].failure(launcher_output) or Failure(
             0 if request.world_size == 1 else None, returncode, None)
 
-    if outcome.timed_out:
-        reason = f"timed out after {request.timeout_s:g} s: hang suspected (each rank's last lines are in its log)"
-    elif outcome.stopped_by == signal.SIGINT:
-        reason = "interrupted (Ctrl-C)"
-    elif outcome.stopped_by is not None:
-        reason = f"stopped by {signal_name(outcome.stopped_by)}"
-    elif failure:
-        reason = f"{failure.describe()} (launcher exit code {returncode})" + exception_said(request, failure,
-                                                                                          rank_logs)
-    else:
-        reason = None
+    reason = ended_because(request, outcome, failure, rank_logs)
     lost = [error for error in outcome.errors if "output lost" in error or error.startswith("rank logs")]
     if lost:  # a full disk comes first: what failed after it (a rank writing its record) follows from it
         reason = f"the results folder could not keep the run's output: {lost[0]}" + (f"; {reason}" if reason else "")

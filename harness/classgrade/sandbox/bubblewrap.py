@@ -70,6 +70,24 @@ def _parents(path: str, made: set[str]) -> list[str]:
 
 
 
+def _gpu_binds(spec: Spec, made: set[str]) -> list[str]:
+    """The job's GPUs only: CUDA numbers the devices it can open from 0, so inside they are 0..k-1
+    (CUDA_VISIBLE_DEVICES, bwrap_argv), in PCI bus order as outside. Binding every GPU and hiding the
+    others by CUDA_VISIBLE_DEVICES alone would let a program that unsets it use another job's.
+    `made`: the folders bound or made so far, which this adds to."""
+    argv = []
+    for minor in gpu_minors(spec.gpus or []):
+        argv += ["--dev-bind-try", f"/dev/nvidia{minor}", f"/dev/nvidia{minor}"]
+    if spec.gpus:
+        for device in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
+            argv += ["--dev-bind-try", f"/dev/{device}", f"/dev/{device}"]
+        argv += ["--ro-bind-try", "/proc/driver/nvidia", "/proc/driver/nvidia"]
+        for path in gpu_sys_paths():  # read-only, with parents the job's uid can pass (not bwrap's 0700)
+            argv += _parents(path, made) + ["--ro-bind", path, path]
+            made.add(path)
+    return argv
+
+
 def bwrap_argv(spec: Spec, run_dir: str, command: list[str], tool: str = "bwrap", seccomp_fd: int | None = None
                ) -> list[str]:
     argv = [tool, "--die-with-parent", "--new-session", "--unshare-net", "--unshare-pid", "--unshare-ipc",
@@ -98,18 +116,7 @@ def bwrap_argv(spec: Spec, run_dir: str, command: list[str], tool: str = "bwrap"
         if _under(path, scratch) and os.path.exists(path):
             argv += _parents(path, made) + ["--ro-bind", path, path]
             made.add(path)
-    # The job's GPUs only: CUDA numbers the devices it can open from 0, so inside they are 0..k-1
-    # (CUDA_VISIBLE_DEVICES below), in PCI bus order as outside. Binding every GPU and hiding the
-    # others by CUDA_VISIBLE_DEVICES alone would let a program that unsets it use another job's.
-    for minor in gpu_minors(spec.gpus or []):
-        argv += ["--dev-bind-try", f"/dev/nvidia{minor}", f"/dev/nvidia{minor}"]
-    if spec.gpus:
-        for device in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset"):
-            argv += ["--dev-bind-try", f"/dev/{device}", f"/dev/{device}"]
-        argv += ["--ro-bind-try", "/proc/driver/nvidia", "/proc/driver/nvidia"]
-        for path in gpu_sys_paths():  # read-only, with parents the job's uid can pass (not bwrap's 0700)
-            argv += _parents(path, made) + ["--ro-bind", path, path]
-            made.add(path)
+    argv += _gpu_binds(spec, made)
     # Hidden next (the class's other folders, where a broad bind shows them), then what is the job's
     # own, bound into those empty folders: the parents made before are gone under the new tmpfs.
     covered = []
