@@ -602,15 +602,22 @@ def test_a_job_leaves_nothing_in_the_kernel_for_the_next_job_of_its_uid(tmp_path
     subs.mkdir()
     shutil.copy(HOSTILE / "makes_namespace.py", subs / "a-makes-namespace.py")
     shutil.copy(HOSTILE / "reads_keyring.py", subs / "b-reads-keyring.py")
-    done = grade_class(subs, "--profile", str(class_profile(tmp_path)), "--rubric", str(class_rubric(tmp_path)),
-                       "--jobs", "1", "--results", str(tmp_path / "results"))
-    assert done.returncode == 0, done.stdout + done.stderr
-    class_dir = tmp_path / "results/class/kernel"
-    assert len(job_uids(class_dir)) == 1  # one after the other, as the same uid: the channel's condition
-    made = "".join(p.read_text() for p in class_dir.glob("jobs/a-makes-namespace/runs/*/*/rank.*.log"))
-    assert "unshare(CLONE_NEWUSER): Operation not permitted" in made and "add_key: Operation not permitted" in made
-    read = "".join(p.read_text() for p in class_dir.glob("jobs/b-reads-keyring/runs/*/*/rank.*.log"))
-    assert "no key from an earlier job" in read and "read an earlier job's key" not in read, read
+    # The channel needs both jobs to run as one uid. Each job claims the lowest uid free on the host, so
+    # another grader (a suite's other workers) may take the first job's uid before the second claims
+    # it: then the pair is graded again, at most three times, and the last pair must share its uid.
+    for attempt in range(3):
+        results = tmp_path / f"results-{attempt}"
+        done = grade_class(subs, "--profile", str(class_profile(tmp_path)), "--rubric", str(class_rubric(tmp_path)),
+                           "--jobs", "1", "--results", str(results))
+        assert done.returncode == 0, done.stdout + done.stderr
+        class_dir = results / "class/kernel"
+        made = "".join(p.read_text() for p in class_dir.glob("jobs/a-makes-namespace/runs/*/*/rank.*.log"))
+        assert "unshare(CLONE_NEWUSER): Operation not permitted" in made and "add_key: Operation not permitted" in made
+        read = "".join(p.read_text() for p in class_dir.glob("jobs/b-reads-keyring/runs/*/*/rank.*.log"))
+        assert "no key from an earlier job" in read and "read an earlier job's key" not in read, read
+        if len(job_uids(class_dir)) == 1:
+            break
+    assert len(job_uids(class_dir)) == 1, "each time another grader took the uid between the two jobs"
 
 
 # What the uid sandbox (no namespaces: a container that refuses them, such as Gradescope's) holds and
