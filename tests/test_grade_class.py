@@ -881,3 +881,34 @@ def test_results_inside_the_submissions_folder_are_refused_and_nothing_is_writte
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert "inside the submissions folder" in done.stderr and "outside it" in done.stderr
     assert sorted(p.name for p in subs.iterdir()) == ["alice.py"]  # no grade became a student's folder
+
+
+BOTH = ["checkpoint.pt", "final_weights.pt"]
+
+
+@pytest.mark.parametrize("judged, keep, left", [(False, False, []), (True, False, BOTH), (False, True, BOTH)])
+def test_a_job_stopped_before_it_was_judged_is_set_aside_without_its_weights(tmp_path, judged, keep, left):
+    """Issue 49: a class stopped mid-job and resumed set the job aside as <id>.before-1 with every
+    weights file its runs had written (386 MB for one submission of the course lab). Never judged, it
+    never would be: its weights are released as a judged job's are, each named in weights.json. A
+    judged job's are already released (what is left was kept on purpose), and --keep keeps them."""
+    from harness.classgrade.grading_loop import _set_aside
+
+    job = tmp_path / "jobs/bob"
+    run = job / "runs/ddp/20261206-032059-ws2-torchrun"
+    (run / "observe").mkdir(parents=True)
+    (run / "observe/final_weights.pt").write_bytes(b"w" * 1000)
+    (run / "checkpoint.pt").write_bytes(b"c" * 10)
+    if judged:
+        (job / "observations.json").write_text("{}")
+    _set_aside(job, keep)
+    aside = tmp_path / "jobs/bob.before-1"
+    assert not job.exists() and (aside / "runs").is_dir()
+    assert sorted(p.name for p in aside.rglob("*.pt")) == left
+    manifest = aside / disk.MANIFEST
+    if left:
+        assert not manifest.exists()
+    else:
+        removed = json.loads(manifest.read_text())
+        assert removed["bytes"] == 1010 and {Path(e["path"]).name for e in removed["removed"]} == {
+            "final_weights.pt", "checkpoint.pt"}

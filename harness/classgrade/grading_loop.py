@@ -25,14 +25,19 @@ from harness.classgrade.sandbox import private
 from harness.classgrade.submissions import Submission
 from harness.console import console, print_json
 from harness.files import write_json
+from harness.grading import disk
 
 EVENT_WAIT_S = 0.2  # the longest the pool waits for a job's event: its deadlines are looked at as often
 
 
-def _set_aside(folder: Path) -> None:
-    """An earlier grade of a job, kept beside it (never deleted): `<id>.before-<n>`."""
+def _set_aside(folder: Path, keep: bool = False) -> None:
+    """An earlier grade of a job, kept beside it (never deleted): `<id>.before-<n>`. A job stopped
+    before it was judged (no observations.json) is never judged: its runs' weights and checkpoints
+    are released as a judged job's are (grading/disk.py), unless the class keeps them (`keep`)."""
     if not folder.exists():
         return
+    if not keep and not folder.is_symlink() and not (folder / jobs.OBSERVATIONS).is_file():
+        disk.release_weights([folder / "runs"], folder)
     for n in range(1, 10000):
         target = folder.with_name(f"{folder.name}.before-{n}")
         if not target.exists():
@@ -44,7 +49,7 @@ def new_job(room: Classroom, student: Submission, slot: int, gpus: list[int] | N
     """The student's job, written to a folder of its own (an earlier grade set aside) and stored as the class's."""
     job = room.job_for(student, slot, gpus)
     folder = Path(job["folder"])
-    _set_aside(folder)
+    _set_aside(folder, room.request.keep)
     folder.mkdir(parents=True)
     write_json(folder / "job.json", job)
     room.stored[student.key] = job
