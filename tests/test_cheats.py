@@ -59,8 +59,8 @@ SLOW = """import time
 _real = time.perf_counter
 time.perf_counter = lambda: _real() / 20
 """
-SLOW_OBSERVER = SLOW + """import distlab_observer.observer
-distlab_observer.observer._clock = time.perf_counter
+SLOW_OBSERVER = SLOW + """import distlab_observer.originals
+distlab_observer.originals._clock = time.perf_counter
 """
 # The observer's data hook taken off the loader (functools.wraps left the original at __wrapped__):
 # the passes go unseen from then on.

@@ -80,11 +80,11 @@ class RankObservation:
     saves: list[dict[str, Any]]
     model: dict[str, Any] | None
     errors: list[str]
-    stopped: dict[str, Any] | None = None  # a resume cell's stop of this attempt (observer.py)
+    stopped: dict[str, Any] | None = None  # a resume cell's stop of this attempt (hooks.py)
     loads: list[dict[str, Any]] = field(default_factory=list)  # every torch.load of a file (version 2)
     libraries: dict[str, Any] = field(default_factory=dict)  # what it saw of the libraries (version 3)
     # The parameters' digests before the first step, after sampled steps and at exit, and the process's
-    # age on the observer's clock and the kernel's (observer.py, _training_evidence); None: not taken.
+    # age on the observer's clock and the kernel's (output.py, _training_evidence); None: not taken.
     training: dict[str, Any] | None = None
     # Why its pass records cannot be taken as observed (`verify_passes`: a pass changed after its line was
     # streamed, or no line came for it); None: each matched its line, or no lines were collected at all.

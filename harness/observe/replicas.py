@@ -22,8 +22,8 @@
   they were before the first optimizer step (the observer digests them both, the same way): a program
   that steps an optimizer without gradients ends as it began. Not verified (not applicable, never
   passed) where the observer could not take both digests.
-- replicas_in_step: at every sampled step (observer.SAMPLED_STEPS) that every rank took, every rank's
-  parameters had the same digest: a data-parallel run's replicas are equal after every step, not
+- replicas_in_step: at every sampled step (distlab_observer's hooks.SAMPLED_STEPS) that every rank took,
+  every rank's parameters had the same digest: a data-parallel run's replicas are equal after every step, not
   only at the end (a program that trains each rank alone and broadcasts rank 0's state after each
   epoch ends with equal replicas). Not verified where no sampled step was digested on every rank.
 """

@@ -1,4 +1,5 @@
-"""The observer of one rank (observer.py: what it records, and how): `install(directory)` arms it.
+"""The observer of one rank (observer.py and the modules beside it: what it records, and how):
+`install(directory)` arms it.
 
 This package's folder goes first on the ranks' PYTHONPATH, so it holds one name only (a sibling
 module would shadow a student's module of the same name); nothing is imported at start-up but what

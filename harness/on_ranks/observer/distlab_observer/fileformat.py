@@ -1,5 +1,5 @@
 """What the observer leaves in a run's observe directory, named once. The observer writes these
-(observer.py); the harness reads them (harness/observe/observations.py, accuracy.py) and checks each
+(output.py); the harness reads them (harness/observe/observations.py, accuracy.py) and checks each
 rank's file against harness/schemas/observations.schema.json, the format's one definition.
 
 Standard library only, nothing at import: the grader imports this module by itself.

@@ -1,5 +1,6 @@
 """What the observer sees of the libraries a program trains with, beyond torch's own entry points
-(observer.py arms these hooks beside its own and writes `to_json()` as the rank file's "libraries").
+(observer.py arms these hooks beside its own, hooks.py's, and output.py writes `to_json()` as the rank
+file's "libraries").
 
 Each answers a question the grader is asked about real programs (issue 47):
 
