@@ -34,7 +34,11 @@ def ended_because(request: RunRequest, outcome: Outcome, failure: Failure | None
     """The launcher's side of why a run ended early: its timeout, a signal that stopped it, or the
     rank that failed (and its last exception); None where it ended well by the launcher's account."""
     if outcome.timed_out:
-        return f"timed out after {request.timeout_s:g} s: hang suspected (each rank's last lines are in its log)"
+        # Still running at the limit says nothing of why: a hang, or more work than the limit allows
+        # (a --timeout set too short was once reported as a hang). Evidence of a hang (a collective's
+        # own timeout, hangs.py) names one; each rank's stack at the limit is in stacks.txt.
+        return (f"timed out after {request.timeout_s:g} s, still running: a hang, or more work than the time limit "
+                "allows (--timeout); each rank's last lines are in its log")
     if outcome.stopped_by == signal.SIGINT:
         return "interrupted (Ctrl-C)"
     if outcome.stopped_by is not None:
