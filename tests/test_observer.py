@@ -101,6 +101,43 @@ def test_a_failing_observer_never_changes_the_program(tmp_path):
     assert [parse_pass_line(line) is not None for line in done.stderr.splitlines()] == [True], done.stderr
 
 
+# A resume cell's stop, where one rank reaches it late: rank 0 sleeps between the backward pass (whose
+# all-reduce both ranks finished) and the step at which the observer stops both.
+LATE_RANK = """
+import os, time, torch, torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
+sampler = DistributedSampler(data)
+for epoch in range(2):
+    sampler.set_epoch(epoch)
+    for x, y in DataLoader(data, batch_size=4, sampler=sampler):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        if epoch == 1 and dist.get_rank() == 0:
+            time.sleep(3)
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+@pytest.mark.integration
+def test_a_stop_keeps_every_ranks_observations_when_one_rank_reaches_it_late(tmp_path):
+    """torchrun ends the other ranks as soon as one exits: before the stopped ranks waited for each other,
+    rank 1 exited at the stop and rank 0, still before it, was ended with nothing written (CI, issue 49)."""
+    program = tmp_path / "late_rank.py"
+    program.write_text(LATE_RANK)
+    observe = tmp_path / "observe"
+    done = subprocess.run([str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(program)],
+                          env=observed_env(observe, DISTLAB_STOP_AFTER_EPOCHS="1"), cwd=tmp_path,
+                          capture_output=True, text=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
+    assert done.returncode != 0, done.stderr[-3000:]  # stopped, and torchrun was given no restart
+    stopped = {path.name: json.loads(path.read_text())["stopped"] for path in (observe / "stopped").glob("rank.*.json")}
+    at_the_stop = {"after_epochs": 1, "steps": 4}  # 32 samples, 2 ranks, batches of 4: 4 steps an epoch
+    assert stopped == {"rank.0.json": at_the_stop, "rank.1.json": at_the_stop}, done.stderr[-3000:]
+
+
 # ------------------------------------------------------------------------------------ the checks on made-up ranks
 
 

@@ -12,10 +12,14 @@ import weakref
 from typing import Any
 
 from . import originals
-from .fileformat import STOP_EXIT_CODE
+from .fileformat import RANK_FILE, STOP_EXIT_CODE, STOPPED_DIR
 from .model import _params_digest, find_trained_model
 from .output import Output
 from .passes import PassRecorder, batch_rows
+
+# A stopped rank's wait for the others' stopped observations: the ranks reach the stop together (the
+# backward pass's all-reduce precedes the step), so seconds on a busy machine; bounded for a rank that never does.
+STOP_WAIT_S = 60.0
 
 # The optimizer steps after which each rank digests the parameters the optimizers update: the
 # replicas must be equal after every step of a data-parallel run, not only at the end (a program that
@@ -207,7 +211,28 @@ class Hooks(Output):
         self.passes.remove(current)
         self.stopped = {"after_epochs": done, "steps": self.steps}
         self.finish()
+        self._wait_for_the_other_ranks()
         os._exit(STOP_EXIT_CODE)  # no handler of the program runs: the rank ends as a killed one would
+
+    def _wait_for_the_other_ranks(self) -> None:
+        """Exit only once every rank's stopped observations are written (or STOP_WAIT_S passed): torchrun
+        answers the first rank to exit by ending the others, and a rank still writing its file then
+        leaves none. On a busy machine one rank reached the stop a moment after another had exited
+        (CI: "rank 0 of the stopped attempt left no observations"). The directory is the run's, shared
+        by its ranks; where it is not (one per host), the wait ends at STOP_WAIT_S."""
+        world = os.environ.get("WORLD_SIZE", "")
+        if not world.isdigit():
+            return
+        directory = os.path.join(self.directory, STOPPED_DIR)
+        expected = {RANK_FILE.format(rank=r) for r in range(int(world))}
+        deadline = originals._clock() + STOP_WAIT_S
+        while originals._clock() < deadline:
+            try:
+                if expected <= set(os.listdir(directory)):
+                    return
+            except OSError:
+                return
+            originals._sleep(0.05)
 
     def _note_optimizer(self, optimizer: Any) -> None:
         if any(known is optimizer for known in self.optimizers):
