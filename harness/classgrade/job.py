@@ -44,7 +44,7 @@ from harness.classgrade.sandbox.monitor import Monitor, denials
 from harness.classgrade.sandbox.spec import REPOSITORY_PARTS, Spec, base_read_only
 from harness.classgrade.sandbox.uid import claim_uid, end_processes_of, remove_scratch
 from harness.console import printable
-from harness.grading import disk
+from harness.grading import disk, stored
 from harness.grading import samples as run_samples
 from harness.grading.execute import execute
 from harness.grading.plan import Cell, GradePlan, plan_grade
@@ -72,19 +72,6 @@ def plan_for(job: dict[str, Any], sandbox_prefix: list[str] | None = None, *, ch
                       programs={job["lab"]: Path(job["program"])}, results_root=Path(job["folder"]) / "runs",
                       timeout_s=job["limits"].get("wall_s"), gpus=gpus, sandbox=sandbox_prefix or [],
                       check_runs=check_runs)
-
-
-def _samples_to_json(runs: dict[Cell, list[Sample]]) -> dict[str, list[dict[str, Any]]]:
-    return {f"{lab}@{ws}": [dataclasses.asdict(s) for s in samples] for (lab, ws), samples in runs.items()}
-
-
-def samples_from_json(data: dict[str, list[dict[str, Any]]]) -> dict[Cell, list[Sample]]:
-    names = {f.name for f in dataclasses.fields(Sample)}
-    runs = {}
-    for key, samples in data.items():
-        lab, _, ws = key.rpartition("@")
-        runs[lab, int(ws)] = [Sample(**{k: v for k, v in s.items() if k in names}) for s in samples]
-    return runs
 
 
 def _program_runs(done: dict[Cell, list[Sample]]) -> list[Path]:
@@ -278,7 +265,7 @@ def run_job(job_path: Path, progress_fd: int | None = None) -> int:
                "peak_output_bytes": monitor.peak_bytes if monitor else None}
     files.write_json(folder / OBSERVATIONS, {
         "id": job["id"], "wall_seconds": time.monotonic() - started, "sandbox": account,
-        "done": _samples_to_json(done), "references": _samples_to_json(references)})
+        "done": stored.runs_to_json(done), "references": stored.runs_to_json(references)})
     if not job.get("keep"):  # what a regrade judges is stored: the weights were read for it, and are no more
         disk.release_weights([Path(s.run_dir) for runs in (*done.values(), *references.values()) for s in runs],
                              folder)

@@ -20,6 +20,7 @@ from harness.classgrade.submissions import Submission
 from harness.console import console
 from harness.files import read_json
 from harness.grading.judge import judge
+from harness.grading.stored import runs_from_json
 from harness.run.accounting import last_exception
 from harness.verdict.pairing import reference_rates
 from harness.verdict.verdicts import NOT_RUN, Sample
@@ -107,7 +108,7 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
     if job is None or folder is None or not (folder / jobs.OBSERVATIONS).is_file():
         return Outcome(student.id, "pending", "not graded yet", sandboxed=sandboxed, key=student.key)
     stored = read_json(folder / jobs.OBSERVATIONS, STORED_BYTES)  # bounded as the program's: it holds what they left
-    done, references = jobs.samples_from_json(stored["done"]), jobs.samples_from_json(stored["references"])
+    done, references = runs_from_json(stored["done"]), runs_from_json(stored["references"])
     grade_plan = jobs.plan_for(job, check_runs=False)
     verdicts = judge(grade_plan, done, references)
     samples = [s for runs in done.values() for s in runs]

@@ -29,6 +29,7 @@ from typing import Any
 
 from harness.console import console
 from harness.files import write_json
+from harness.grading import stored
 from harness.grading.execute import execute
 from harness.grading.plan import Cell, GradePlan, plan_grade
 from harness.run import slurm_array
@@ -124,9 +125,8 @@ def submit(folder: Path, grade_plan: GradePlan, done: dict[Cell, list[Sample]],
         if path.exists():
             data = json.loads(path.read_text())
             for key, target in (("done", done), ("references", references)):
-                for entry in data[key]:
-                    target.setdefault((entry["lab"], entry["world_size"]), []).extend(
-                        Sample(**sample) for sample in entry["samples"])
+                for cell, samples in stored.runs_from_json(data[key]).items():
+                    target.setdefault(cell, []).extend(samples)
             continue
         row = states[index]
         reason = (f"Slurm task {job_id}_{index} ended {row.get('State', 'without accounting')} "
@@ -153,9 +153,7 @@ def run_cell(spec_path: Path, index: int) -> int:
     try:
         execute(grade_plan, done, references)
     finally:  # a run stopped by Slurm's SIGTERM still returns what finished
-        out = {key: [{"lab": cell[0], "world_size": cell[1], "samples": [dataclasses.asdict(s) for s in samples]}
-                     for cell, samples in group.items()] for key, group in (("done", done),
-                                                                             ("references", references))}
+        out = {"done": stored.runs_to_json(done), "references": stored.runs_to_json(references)}
         write_json(spec_path.parent / f"cell-{index}.json", out)  # by rename: never read half written
     return 0
 

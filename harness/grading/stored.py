@@ -1,0 +1,26 @@
+"""Runs as one process stores them for another: a class job's observations.json (classgrade/job.py,
+read back by classgrade/outcome.py) and a Slurm task's cell-<i>.json (grading/slurm.py). One
+format: each cell's Samples, as their fields, under "<lab>@<world size>"."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from harness.grading.plan import Cell
+from harness.verdict.verdicts import Sample
+
+
+def runs_to_json(runs: dict[Cell, list[Sample]]) -> dict[str, list[dict[str, Any]]]:
+    return {f"{lab}@{ws}": [dataclasses.asdict(s) for s in samples] for (lab, ws), samples in runs.items()}
+
+
+def runs_from_json(data: dict[str, list[dict[str, Any]]]) -> dict[Cell, list[Sample]]:
+    """The runs stored by runs_to_json; a field this version of Sample lacks is left out (a job
+    stored by a later distlab is still read)."""
+    names = {f.name for f in dataclasses.fields(Sample)}
+    runs = {}
+    for key, samples in data.items():
+        lab, _, ws = key.rpartition("@")
+        runs[lab, int(ws)] = [Sample(**{k: v for k, v in s.items() if k in names}) for s in samples]
+    return runs
