@@ -22,6 +22,7 @@ from harness.commands import grade
 from harness.grading.execute import execute
 from harness.grading.judge import run_grade
 from harness.grading.plan import plan_grade
+from harness.grading.stored import cell_key
 from harness.run.launchers import Failure
 from harness.run.state import RunResult
 from harness.verdict.profiles import resolve
@@ -67,13 +68,13 @@ def replay(fixture: Path, results: Path) -> bytes:
 
     grade_plan = plan_grade(resolve(PROFILE, {}), labs=labs, world_sizes=world_sizes, results_root=results,
                             programs={row: fixture / path for row, path in programs.items()})
-    assert [f"{lab}@{ws}" for lab, ws in grade_plan.cells()] == list(runs["done"])
+    assert [cell_key(cell) for cell in grade_plan.cells()] == list(runs["done"])
     # Each cell's requests are built once (GradePlan): the one the loop starts says which stored run comes next.
     stored = {}
-    for lab, ws in grade_plan.cells():
-        stored[id(grade_plan.request(lab, ws))] = list(runs["done"][f"{lab}@{ws}"])
-        if grade_plan.reference_request(lab, ws) is not None:
-            stored[id(grade_plan.reference_request(lab, ws))] = list(runs["references"].get(f"{lab}@{ws}", []))
+    for cell in grade_plan.cells():
+        stored[id(grade_plan.request(*cell))] = list(runs["done"][cell_key(cell)])
+        if grade_plan.reference_request(*cell) is not None:
+            stored[id(grade_plan.reference_request(*cell))] = list(runs["references"].get(cell_key(cell), []))
 
     def replayed_run(request, echo=False, on_line=None):
         assert stored[id(request)], f"the loop asked for a run of {request.lab} at {request.world_size} the grade " \

@@ -32,11 +32,13 @@ from harness.classgrade import rubric
 from harness.classgrade.sandbox.bubblewrap import available
 from harness.classgrade.sandbox.uid import processes_left
 from harness.commands import cli
-from harness.grading import slurm
+from harness.files import write_json
+from harness.grading import slurm, stored
 from harness.observe import accuracy, data_parallel, observations
 from harness.run import job_templates, slurm_array
 from harness.run.run_dir import RUN_DIR_PLACEHOLDER
 from harness.verdict.tolerances import accuracy_claim_tolerance
+from harness.verdict.verdicts import Sample
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER = os.environ.get("DISTLAB_SLURM_CLUSTER")
@@ -311,6 +313,21 @@ def test_the_grade_array_has_one_task_per_cell():
     assert "#SBATCH --time=11" in script and "#SBATCH --partition=cpu" in script
     assert "#   task 2: ddp at world size 4" in script
     assert "'/shared/results/grade-slurm/x y/grade-slurm.json'" in script  # one word, quoted
+
+
+def test_a_cell_s_runs_are_read_back_as_stored_even_from_a_later_distlab(tmp_path):
+    """A Slurm task's cell-<i>.json (and a class job's observations.json: one format, grading/stored.py):
+    every Sample read back as it was written; a field only a later Sample has is left out, where the
+    cell's own reader raised a TypeError on it."""
+    sample = Sample("runs/ddp/20261206-032059-ws2-torchrun", "ok", None, 12.5, {"metrics": {"img_per_sec": 3.0}},
+                    observed=[{"name": "clock", "passed": True}], measured={"final_accuracy": 0.5}, reference=2.0,
+                    cpu={"ranks": 2})
+    runs = {("ddp", 2): [sample], ("check", 1): []}
+    write_json(tmp_path / "cell-0.json", {"done": stored.runs_to_json(runs)})
+    done = json.loads((tmp_path / "cell-0.json").read_text())["done"]
+    assert stored.runs_from_json(done) == runs
+    done["ddp@2"][0]["a_later_field"] = [1]
+    assert stored.runs_from_json(done) == runs
 
 
 def test_grade_slurm_without_slurm_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
