@@ -134,6 +134,8 @@ LAUNCHER_VARIABLES = re.compile(r"environment variable (RANK|WORLD_SIZE|LOCAL_RA
 
 
 class Frame(NamedTuple):
+    """A traceback's frame: where in which file the program was (classgrade/outcome names the student's own)."""
+
     file: str
     line: int
     function: str
