@@ -8,6 +8,9 @@ The programs themselves are graded through the real launchers in tests/test_tuto
 from __future__ import annotations
 
 import fnmatch
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +18,19 @@ import torch
 from conftest import write_rank_observation
 
 from harness.classgrade import lessons, rubric
+from harness.console import printable
+from harness.grading.samples import raised_by_the_program
 from harness.observe import accuracy, checkpoint_loads, data_parallel, observations, resume
 from harness.observe.check import Check
-from harness.run.accounting import LAUNCHER_VARIABLES, last_exception
+from harness.run.accounting import (
+    LAUNCHER_VARIABLES,
+    SAID_CHARS,
+    Frame,
+    failing_rank_exception,
+    rank_logs_in,
+)
+from harness.run.launchers import Failure
+from harness.run.state import RunResult
 from harness.verdict.evaluate import evaluate_cell, observed_verdicts
 from harness.verdict.expectations import LabExpectation
 from harness.verdict.verdicts import NOT_RUN, Sample, Verdict, is_lesson
@@ -205,15 +218,77 @@ def test_the_measured_accuracy_is_shown_without_a_band_and_a_failed_cell_says_wh
 # ------------------------------------------------------------------------------------------- the reason
 
 
-def test_a_failed_run_s_reason_names_the_rank_s_last_exception():
-    log = ("epoch 0\nTraceback (most recent call last):\n  File \"train.py\", line 40, in <module>\n"
-           "    main()\nKeyError: 'LOCAL_RANK'\n")
-    assert last_exception(log) == "KeyError: 'LOCAL_RANK'"
-    assert LAUNCHER_VARIABLES.search(last_exception(log))
-    chained = log + "\nDuring handling of the above exception, another exception occurred:\n\n" \
-                    "Traceback (most recent call last):\n  File \"x\", line 1\nRuntimeError: boom\n"
-    assert last_exception(chained) == "RuntimeError: boom"
-    assert last_exception("no traceback here\n") is None
+# What each rank of a crashed run ran: its log is what Python itself printed as the program ended.
+RANK_PROGRAMS = {
+    # The program's own exception, raised while handling another: two tracebacks, the last one counts.
+    # Its message carries an escape sequence and is longer than a reason keeps.
+    1: "import os\n"
+       "def local_rank():\n"
+       "    return os.environ['LOCAL_RANK']\n"
+       "def main():\n"
+       "    try:\n"
+       "        local_rank()\n"
+       "    except KeyError:\n"
+       "        raise RuntimeError('rank 1 gives up \\x1b[2J' + '!' * 400)\n"
+       "main()\n",
+    0: "raise ConnectionResetError('Connection reset by peer')\n",  # what a peer's end does to a correct rank
+    2: "import os\nos.environ['LOCAL_RANK']\n",  # a torchrun-only program started by plain python
+    3: "import sys\nprint('no traceback: an exit code only')\nsys.exit(3)\n",
+}
+CRASH_FIXTURE = Path(__file__).resolve().parent / "fixtures/classgrade/crash-rank1/run"  # a real torchrun's logs
+
+
+def crashed_ranks(run_dir: Path) -> Path:
+    """A run folder with each rank's log as the rank's real Python process left it (stdout and stderr)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "RANK", "WORLD_SIZE")}
+    for rank, source in RANK_PROGRAMS.items():
+        program = run_dir / f"rank{rank}.py"
+        program.write_text(source)
+        with (run_dir / f"rank.{rank}.log").open("wb") as log:
+            ended = subprocess.run([sys.executable, str(program)], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                   cwd=run_dir, timeout=60, check=False)
+        assert ended.returncode != 0, rank
+    return run_dir
+
+
+def test_a_crashed_run_s_failing_rank_and_its_last_exception_are_read_in_one_place(tmp_path):
+    """The reason (accounting.exception_said), a class's ending (outcome.ending_of) and whether the program
+    raised it of its own (samples.raised_by_the_program) read the failing rank's exception from one helper."""
+    run_dir = crashed_ranks(tmp_path)
+    logs = rank_logs_in(run_dir)
+    assert sorted(logs) == [0, 1, 2, 3]
+
+    found = failing_rank_exception(logs, 1)
+    assert found is not None and found.rank == 1
+    assert found.line.startswith("RuntimeError: rank 1 gives up \x1b[2J!!!"), found.line  # the whole line
+    # As a reason shows it: the escape sequence shown, not obeyed, and bounded.
+    assert found.said == printable(found.line)[:SAID_CHARS] and "\x1b" not in found.said
+    assert len(found.said) == SAID_CHARS
+    # The frames of the last traceback only: the KeyError's, handled, are not where the program failed.
+    program = str(run_dir / "rank1.py")
+    assert found.frames == (Frame(program, 9, "<module>"), Frame(program, 8, "main")), found.frames
+
+    # No rank named, or the named rank printed no traceback: the lowest rank's that has one.
+    assert failing_rank_exception(logs, None).rank == 0
+    fallback = failing_rank_exception(logs, 3)
+    assert (fallback.rank, fallback.line) == (0, "ConnectionResetError: Connection reset by peer")
+    assert failing_rank_exception({3: logs[3]}, 3) is None
+
+    plain_python = failing_rank_exception(logs, 2)
+    assert plain_python.line == "KeyError: 'LOCAL_RANK'" and LAUNCHER_VARIABLES.search(plain_python.line)
+
+    # torchrun prefixes each line of a rank's output with "[rank1]:" (a real grade's logs).
+    torchrun = failing_rank_exception(rank_logs_in(CRASH_FIXTURE), 1)
+    assert torchrun.line == "RuntimeError: rank 1 gives up" and torchrun.frames[-1].function == "main"
+    assert torchrun.frames[-1].file.endswith("carol.py")
+
+    def raised(failure: Failure) -> str | None:
+        return raised_by_the_program(RunResult(run_dir, 1, "failed", failure.describe(), None, failure, 1.0))
+
+    assert raised(Failure(1, 1, None)) == found.said  # the program's own: not run again
+    assert raised(Failure(0, 1, None)) is None  # what the machine can cause: run again
+    assert raised(Failure(3, 3, None)) is None  # rank 3's exit is not explained by rank 0's exception
+    assert raised(Failure(1, None, "SIGKILL")) is None
 
 
 def test_the_shipped_rubric_has_the_new_items():

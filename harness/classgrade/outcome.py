@@ -21,7 +21,7 @@ from harness.console import console
 from harness.files import read_json
 from harness.grading.judge import judge
 from harness.grading.stored import runs_from_json
-from harness.run.accounting import last_exception
+from harness.run.accounting import SAID_CHARS, Frame, failing_rank_exception, rank_logs_in
 from harness.verdict.pairing import reference_rates
 from harness.verdict.verdicts import NOT_RUN, Sample
 
@@ -35,9 +35,6 @@ def _logs(run_dirs: list[Path]) -> list[str]:
 
 
 RUN_JSON_BYTES = 1 << 20  # the harness's account of a run (run.json): a few KB
-SAID_CHARS = 300  # of a rank's last exception, as the run's reason keeps it (run/accounting.exception_said)
-# A traceback's frame: where in which file. The last one in the program's own file says where it failed.
-FRAME = re.compile(r'^(?:\[rank\d+\]:)?\s*File "([^"]+)", line (\d+), in (.+)$')  # torch prefixes "[rank1]:"
 
 
 def ran_to_its_checks(sample: Sample) -> bool:
@@ -52,11 +49,10 @@ def ran_to_its_checks(sample: Sample) -> bool:
     return any(isinstance(c, dict) and c.get("passed") is False for c in checks.values())
 
 
-def _where(log: str, program: str) -> str:
-    """The last frame of the log's last traceback in the program's own file (its name only)."""
-    frames = [found for line in log.splitlines() if (found := FRAME.match(line))]
-    own = [f for f in frames if Path(f.group(1)).name == program] or frames
-    return f'File "{Path(own[-1].group(1)).name}", line {own[-1].group(2)}, in {own[-1].group(3)}' if own else ""
+def _where(frames: tuple[Frame, ...], program: str) -> str:
+    """The last of a traceback's frames in the program's own file (its name only): where it failed."""
+    own = [f for f in frames if Path(f.file).name == program] or frames
+    return f'File "{Path(own[-1].file).name}", line {own[-1].line}, in {own[-1].function}' if own else ""
 
 
 def ending_of(lab: str, world_size: int, sample: Sample, run_dir: Path, program: str) -> Ending:
@@ -67,13 +63,9 @@ def ending_of(lab: str, world_size: int, sample: Sample, run_dir: Path, program:
         account = read_json(run_dir / "run.json", RUN_JSON_BYTES)
     failure = account.get("failure") if isinstance(account, dict) else None
     rank = failure.get("rank") if isinstance(failure, dict) and isinstance(failure.get("rank"), int) else None
-    ranks = ([rank] if rank is not None else []) + sorted(
-        int(path.name.split(".")[1]) for path in run_dir.glob("rank.*.log") if path.name.split(".")[1].isdigit())
-    for each in dict.fromkeys(ranks):
-        log = jobs.read_log(run_dir / f"rank.{each}.log")
-        said = last_exception(log)
-        if said:  # the program's words: bounded here, quoted or escaped where shown
-            return Ending(lab, world_size, each, said[:SAID_CHARS], _where(log, program)[:SAID_CHARS])
+    found = failing_rank_exception(rank_logs_in(run_dir), rank)
+    if found:  # the program's words: bounded and escaped there (found.said), quoted where shown
+        return Ending(lab, world_size, found.rank, found.said, _where(found.frames, program)[:SAID_CHARS])
     return Ending(lab, world_size, rank, sample.reason or "no reason given")
 
 

@@ -19,8 +19,7 @@ from harness.catalog import LABS
 from harness.console import printable
 from harness.observe import accuracy, data_parallel, observations
 from harness.on_ranks.observer.distlab_observer.fileformat import RANK_WEIGHTS_FILE
-from harness.run.accounting import last_exception
-from harness.run.output import read_end
+from harness.run.accounting import failing_rank_exception, rank_logs_in
 from harness.run.request import RunRequest
 from harness.run.run_dir import OBSERVE_DIR, RUN_DIR_PLACEHOLDER
 from harness.run.state import RunResult
@@ -70,13 +69,12 @@ def raised_by_the_program(result: RunResult) -> str | None:
     if (failure is None or failure.signal or not failure.exit_code or result.timed_out
             or result.hang_suspected or result.interrupted or result.stopped_by):
         return None
-    ranks = [failure.rank] if failure.rank is not None else sorted(
-        int(p.name.split(".")[1]) for p in result.run_dir.glob("rank.*.log") if p.name.split(".")[1].isdigit())
-    for rank in ranks:
-        said = last_exception(read_end(result.run_dir / f"rank.{rank}.log"))
-        if said:
-            return None if MACHINE_MADE.search(said) else printable(said)[:300]  # the program's words, bounded
-    return None
+    found = failing_rank_exception(rank_logs_in(result.run_dir), failure.rank)
+    # Only the failing rank's own: another rank's exception (the failing one printed none) says
+    # nothing certain of why this one exited, and then the run is tried again.
+    if found is None or (failure.rank is not None and found.rank != failure.rank):
+        return None
+    return None if MACHINE_MADE.search(found.line) else found.said
 
 
 def sample_of(result: RunResult) -> Sample:

@@ -9,9 +9,9 @@ import os
 import re
 import signal
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from harness.console import printable
 from harness.files import set_aside, write_bytes, write_json
@@ -124,39 +124,84 @@ def account(run: PreparedRun, outcome: Outcome) -> RunResult:
 
 # Python's last line of a traceback: the exception's type (dotted or not) and its message.
 EXCEPTION_LINE = re.compile(r"([A-Za-z_][\w.]*(?::.*)?)$")
+# A traceback's frame: where in which file (torch prefixes each line of a rank's output with "[rank1]:").
+FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
+RANK_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+SAID_CHARS = 300  # of a rank's last exception, as a run's reason and a class's feedback keep it
 # What a program started without a launcher misses: the variables torchrun sets (a torchrun-only program).
 LAUNCHER_VARIABLES = re.compile(r"environment variable (RANK|WORLD_SIZE|LOCAL_RANK|MASTER_ADDR|MASTER_PORT) expected|"
                                 r"KeyError: '(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT)'")
 
 
-def last_exception(text: str) -> str | None:
-    """The last exception a Python traceback in this output names, as its last line says it."""
-    lines = text.splitlines()
+class Frame(NamedTuple):
+    """A traceback's frame: where in which file the program was (classgrade/outcome names the student's own)."""
+
+    file: str
+    line: int
+    function: str
+
+
+@dataclass(frozen=True)
+class RankException:
+    """A rank's last exception, as the last Python traceback in its log says it."""
+
+    rank: int
+    line: str  # the traceback's last line, whole: the exception's type and message, the program's words
+    frames: tuple[Frame, ...]  # that traceback's frames, the innermost last
+
+    @property
+    def said(self) -> str:
+        """The exception line as a reason or a feedback shows it: escape sequences shown, bounded."""
+        return printable(self.line)[:SAID_CHARS]
+
+
+def last_traceback(text: str) -> tuple[str, tuple[Frame, ...]] | None:
+    """The last Python traceback in this output: its exception line and its frames."""
+    lines = [RANK_PREFIX.sub("", line) for line in text.splitlines()]
     start = max((i for i, line in enumerate(lines) if "Traceback (most recent call last):" in line), default=None)
     if start is None:
         return None
+    frames: list[Frame] = []
     for line in lines[start + 1:]:
-        bare = re.sub(r"^\[rank\d+\]:\s?", "", line)
-        if bare and not bare[0].isspace():
-            found = EXCEPTION_LINE.match(bare.strip())
-            return found.group(1) if found else None
+        if line and not line[0].isspace():
+            found = EXCEPTION_LINE.match(line.strip())
+            return (found.group(1), tuple(frames)) if found else None
+        if frame := FRAME.match(line):
+            frames.append(Frame(frame.group(1), int(frame.group(2)), frame.group(3)))
+    return None
+
+
+def rank_logs_in(run_dir: Path) -> dict[int, Path]:
+    """The rank.<r>.log files a finished run's folder holds, by rank (as gather_rank_logs wrote them)."""
+    return {int(path.name.split(".")[1]): path for path in run_dir.glob("rank.*.log")
+            if path.name.split(".")[1].isdigit()}
+
+
+def failing_rank_exception(rank_logs: dict[int, Path], failing_rank: int | None) -> RankException | None:
+    """The one reading of what a crashed run raised: the last exception in the log of the rank the
+    launcher saw fail, or where that log shows none (or no rank was named), the lowest other rank's
+    that shows one. The reason (exception_said), a class's ending (classgrade/outcome.ending_of) and
+    whether the program raised it of its own (grading/samples.raised_by_the_program) all read it here."""
+    ranks = ([failing_rank] if failing_rank in rank_logs else []) + sorted(r for r in rank_logs if r != failing_rank)
+    for rank in ranks:
+        found = last_traceback(read_end(rank_logs[rank]))
+        if found:
+            return RankException(rank, *found)
     return None
 
 
 def exception_said(request: RunRequest, failure: Failure, rank_logs: dict[int, Path]) -> str:
     """The failing rank's last exception line (or the first rank's that has one), for the reason; and,
     for a program started by plain python that wanted torchrun's variables, why and what to do."""
-    ranks = ([failure.rank] if failure.rank in rank_logs else []) + sorted(r for r in rank_logs if r != failure.rank)
-    for rank in ranks:
-        line = last_exception(read_end(rank_logs[rank]))
-        if line:
-            said = f"; rank {rank}'s last exception: {printable(line)[:300]}"
-            if request.launcher == "python" and LAUNCHER_VARIABLES.search(line):
-                said += ("; at world size 1 the program was started with plain python, which sets none of "
-                         "torchrun's RANK, LOCAL_RANK, WORLD_SIZE: start it with --launcher torchrun, or let it "
-                         "default to rank 0 of 1 where they are unset")
-            return said
-    return ""
+    found = failing_rank_exception(rank_logs, failure.rank)
+    if found is None:
+        return ""
+    said = f"; rank {found.rank}'s last exception: {found.said}"
+    if request.launcher == "python" and LAUNCHER_VARIABLES.search(found.line):
+        said += ("; at world size 1 the program was started with plain python, which sets none of "
+                 "torchrun's RANK, LOCAL_RANK, WORLD_SIZE: start it with --launcher torchrun, or let it "
+                 "default to rank 0 of 1 where they are unset")
+    return said
 
 
 def write_record(run: PreparedRun, outcome: Outcome, record: dict[str, Any]) -> None:
