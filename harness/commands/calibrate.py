@@ -2,27 +2,18 @@
 
 For course staff on their reference hardware. The labs run exactly as `distlab grade` runs them
 (same arguments, taken from a template profile), K times each, and each band is derived from
-what was measured:
+what was measured, beside the code that judges it (one home per band kind, its floors with it):
 
-- throughput of a lab whose template names a `reference` (every CPU profile): at_least_ratio per
-  world size = 0.6 x the median ratio of the lab to its reference loop measured in the same run
-  (a ratio above 1 counts as 1: the lab does the loop's work and more).
-  A ratio carries from one CPU to another where img/s does not (they differ up to 8x); the 0.6
-  leaves room for a CPU whose input pipeline weighs more, and still fails a program at half speed.
-- throughput without a reference (calibrated GPU profiles): expected = mean of the K runs;
-  at_least_fraction = (mean - 3 sd) / mean, clamped to [0.3, 0.7]; 0.3 where a world size ran once
-  (no spread measured is not no spread: one run's band failed the next honest run at 0.60 x the first,
-  the CPU proxy of the GPU acceptance on a shared machine).
-- accuracy (the harness's own measurement of rank 0's final weights, where it made one): min =
-  lowest run - max(3 sd, 0.1); max = 1.0; none when no run got 0.1 above chance (a smoke run too
-  short to learn: such a band could not fail). accuracy_delta across world sizes is
-  0.05, the course's rule for the same global batch, whatever this host measured (a larger gap
-  is reported as a warning: a lesson to fix, never a band to widen).
-- scaling efficiency: at least 0.5 x the measured efficiency (a faster CPU makes communication
-  weigh more); with a reference loop, the efficiency over the loop's own, as the grade judges it
-  (harness/verdict/evaluate.py).
-- time budget: 8 x the slowest run + 60 s, a guard against hangs on the slowest CPU of a kind.
-- required checks: every check the labs' records carried.
+- throughput: with a `reference` (every CPU profile) at_least_ratio per world size, a fraction of
+  the median ratio of the lab to its reference loop measured in the same run; without one
+  (calibrated GPU profiles) expected and at_least_fraction from the mean and spread of the runs;
+  scaling efficiency floors; the time budget, a guard against hangs. The speed rows:
+  harness/verdict/speed.py (ratio_band, fraction_band, efficiency_floors, time_budget).
+- accuracy: a min below the lowest run, none for runs that stayed at chance; accuracy_delta across
+  world sizes, the course's rule whatever this host measured (a larger gap is reported as a
+  warning: a lesson to fix, never a band to widen). harness/verdict/accuracy.py (accuracy_bands).
+- required checks: every check the labs' records carried (harness/verdict/evaluate.py,
+  required_checks).
 """
 
 from __future__ import annotations
@@ -30,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import platform
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -42,12 +32,11 @@ from harness.commands import grade_options
 from harness.console import console
 from harness.grading.execute import execute
 from harness.usage import UsageError
-from harness.verdict import profiles
-from harness.verdict.evaluate import row_baseline
+from harness.verdict import profiles, speed
+from harness.verdict.accuracy import accuracy_bands
+from harness.verdict.evaluate import required_checks, row_baseline
 from harness.verdict.expectations import Profile
 from harness.verdict.pairing import reference_rates
-from harness.verdict.stats import efficiency as scaling_efficiency
-from harness.verdict.stats import mean_ci
 from harness.verdict.verdicts import Sample, sample_metric
 from labs.common.host import fingerprint
 from labs.common.provenance import versions as library_versions
@@ -57,89 +46,54 @@ EXAMPLES = """examples:
   distlab grade --profile profiles/my-host.toml"""
 
 ACCURACY = "final_accuracy"
-ACCURACY_DELTA = 0.05  # at the same global batch, every world size within this of world size 1
-CHANCE = 0.1  # the training labs' 10 classes
-ACCURACY_MARGIN = 0.1  # below the lowest accuracy measured here: another CPU's float rounding trains a little apart
-RATIO_FLOOR = 0.6  # of the ratio to the reference measured here: another CPU's input pipeline may weigh more
-EFFICIENCY_FLOOR = 0.5  # of the efficiency measured here: a faster CPU makes communication weigh more
-TIME_BUDGET_FACTOR = 8  # machines of one kind differ up to 8x in CPU speed; the budget is a hang guard
-
-
-def _sd(values: list[float]) -> float:
-    return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def derive_lab(template: dict[str, Any], exp_metric: str, cells: dict[int, list[Sample]],
                references: dict[int, float | None] | None = None, observed: bool = False,
                single_device: list[Sample] | None = None) -> dict[str, Any]:
-    """The profile table of one lab from its measured runs (see the module docstring).
-    `references`: the reference rate of each world size, for a lab whose template names one (at 1,
-    that of the runs standing for world size 1). `observed`: a data-parallel training lab, whose
-    checks the harness computes itself from its observations: the record's own checks are then
-    claims to compare, not requirements. `single_device`: the world-size-1 runs when they are another
-    row's (the template's single_device), as the grade compares them (harness/verdict/evaluate.py)."""
+    """The profile table of one lab from its measured runs, each band as its module derives it (see
+    the module docstring). `references`: the reference rate of each world size, for a lab whose
+    template names one (at 1, that of the runs standing for world size 1). `observed`: a
+    data-parallel training lab, whose checks the harness computes itself from its observations.
+    `single_device`: the world-size-1 runs when they are another row's (the template's
+    single_device), as the grade compares them (harness/verdict/evaluate.py)."""
     table = dict(template)
     table.pop("metrics", None)
     table.pop("efficiency_min", None)
     table.pop("accuracy_delta", None)
-    slowest = max(s.wall_seconds for samples in cells.values() for s in samples)
-    table["time_budget_s"] = round(TIME_BUDGET_FACTOR * slowest + 60)
-    checks = sorted({name for samples in cells.values() for s in samples
-                     for name in (s.record or {}).get("checks", {})})
-    table["required_checks"] = [] if observed else checks
+    runs = [s for samples in cells.values() for s in samples]
+    table["time_budget_s"] = speed.time_budget(runs)
+    table["required_checks"] = required_checks(runs, observed)
     metrics: dict[str, Any] = {}
-    throughput = {ws: [v for s in samples if (v := sample_metric(s, exp_metric)) is not None]
-                  for ws, samples in cells.items()}
+
+    def measured(samples: list[Sample], name: str) -> list[float]:
+        return [v for s in samples if (v := sample_metric(s, name)) is not None]
+
+    throughput = {ws: measured(samples, exp_metric) for ws, samples in cells.items()}
     if any(throughput.values()) and not template.get("lesson"):  # a lesson row shows an effect: no speed band
-        means = {ws: mean_ci(values).mean for ws, values in sorted(throughput.items()) if values}
-        if template.get("reference"):
-            ratios = {ws: statistics.median(throughput[ws]) / rate for ws in means
-                      if (rate := (references or {}).get(ws))}
-            # A lab is never truly faster than the bare loop of its own work: a ratio above 1 is the
-            # noise of two short runs (all-reduce: 1.52 and 1.40 once here), and no floor is built on it.
-            metrics[exp_metric] = {"at_least_ratio": {str(ws): round(RATIO_FLOOR * min(r, 1.0), 3)
-                                                      for ws, r in ratios.items()}}
-        elif judged := {ws: m for ws, m in means.items() if m > 0}:
-            # A rate of 0 is no speed to keep: bus bandwidth at world size 1 is 0 by its definition
-            # (2(n-1)/n of the algorithm bandwidth), and "0 >= 0.3 x 0" judged nothing.
-            fractions = [(m - 3 * _sd(throughput[ws])) / m if len(throughput[ws]) > 1 else 0.3
-                         for ws, m in judged.items()]
-            metrics[exp_metric] = {"expected": {str(ws): round(m, 4) for ws, m in judged.items()},
-                                   "at_least_fraction": round(min(0.7, max(0.3, min(fractions))), 3)}
-        loops = references or {}
-        if single_device is not None:
-            values = [v for s in single_device if (v := sample_metric(s, exp_metric)) is not None]
-            means[1] = mean_ci(values).mean if values else 0.0
-        if 1 in means and means[1]:
-            efficiency = {ws: scaling_efficiency(means[ws], ws, means[1]) for ws in means if ws != 1}
-            if template.get("reference"):  # over the loop's own scaling, where it ran at both sizes
-                efficiency = {ws: e / scaling_efficiency(loop, ws, alone) for ws, e in efficiency.items()
-                              if (loop := loops.get(ws)) and (alone := loops.get(1))}
-            table["efficiency_min"] = {str(ws): round(EFFICIENCY_FLOOR * e, 3) for ws, e in efficiency.items()}
-    accuracy = {ws: [v for s in samples if (v := sample_metric(s, ACCURACY)) is not None]
-                for ws, samples in cells.items()}
-    learned = [v for values in accuracy.values() for v in values]
-    if learned and max(learned) < CHANCE + ACCURACY_MARGIN:
-        # Runs too short to learn (smoke): an accuracy band here could not fail a program that
-        # does not learn either, so there is none; the grade profiles make the labs learn.
-        console.print(f"note: {template.get('args')} stays at chance accuracy ({max(learned):.3f}): not graded",
+        means = speed.throughput_means(throughput)
+        over_reference = bool(template.get("reference"))
+        band = (speed.ratio_band(throughput, means, references or {}) if over_reference
+                else speed.fraction_band(throughput, means))
+        if band is not None:
+            metrics[exp_metric] = band
+        floors = speed.efficiency_floors(means, None if single_device is None else measured(single_device, exp_metric),
+                                         references or {}, over_reference)
+        if floors is not None:
+            table["efficiency_min"] = floors
+    accuracy = accuracy_bands({ws: measured(samples, ACCURACY) for ws, samples in cells.items()},
+                              None if single_device is None else measured(single_device, ACCURACY),
+                              bool(template.get("lesson")))
+    if accuracy.at_chance is not None:
+        console.print(f"note: {template.get('args')} stays at chance accuracy ({accuracy.at_chance:.3f}): not graded",
                       markup=False)
-    elif template.get("lesson"):
-        table["accuracy_delta"] = ACCURACY_DELTA  # the gap is shown beside the lesson, never graded
-    elif learned:
-        lowest = min(min(v) for v in accuracy.values() if v)
-        spread = max(_sd(v) for v in accuracy.values() if v)
-        metrics[ACCURACY] = {"min": round(max(0.0, lowest - max(3 * spread, ACCURACY_MARGIN)), 3), "max": 1.0}
-        base = accuracy.get(1) if single_device is None else [
-            v for s in single_device if (v := sample_metric(s, ACCURACY)) is not None]
-        if base and (single_device is not None or len(accuracy) > 1):
-            # The course's rule, not the measured gap: the same global batch must reach the same
-            # accuracy. A larger gap on the reference host is a lesson to fix, never a band to widen.
-            table["accuracy_delta"] = ACCURACY_DELTA
-            gap = max(abs(statistics.fmean(v) - statistics.fmean(base)) for v in accuracy.values() if v)
-            if gap > ACCURACY_DELTA:
-                console.print(f"warning: {template.get('args')} loses {gap:.3f} accuracy across world sizes, more "
-                              f"than {ACCURACY_DELTA}: this profile fails its own lab", markup=False)
+    if accuracy.delta is not None:
+        table["accuracy_delta"] = accuracy.delta
+    if accuracy.band is not None:
+        metrics[ACCURACY] = accuracy.band
+    if accuracy.gap is not None:
+        console.print(f"warning: {template.get('args')} loses {accuracy.gap:.3f} accuracy across world sizes, more "
+                      f"than {accuracy.delta}: this profile fails its own lab", markup=False)
     if metrics:
         table["metrics"] = metrics
     return table

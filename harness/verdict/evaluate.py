@@ -6,33 +6,43 @@ Across world sizes: accuracy within a delta of world size 1 (the LR scaling rule
 and scaling efficiency T(n) / (n T(1)). Where the lab's throughput is a ratio to a reference loop
 measured beside it, efficiency is taken over the loop's own: (T(n) / R(n)) / (T(1) / R(1)), the
 share of the lab's scaling lost to its communication and synchronisation, with what the machine
-does to any n processes (too few cores, another program's load) divided out. Every speed row is
-judged by the speed rule (speed.py).
+does to any n processes (too few cores, another program's load) divided out. Each band kind is
+judged beside its derivation (what `distlab calibrate` writes): the speed rows (throughput, the time
+budget, scaling efficiency) by the speed rule in speed.py, accuracy across world sizes in accuracy.py,
+the required checks here.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import statistics
 from typing import Any
 
 from harness.console import fmt
+from harness.verdict.accuracy import accuracy_vs_ws1
 from harness.verdict.expectations import Band, LabExpectation, Profile
 from harness.verdict.speed import (
-    BIASED,
-    FAIL,
     NOT_COMPARABLE,
-    PASS,
     REACHES,
-    UNDECIDED,
-    interference,
+    efficiency_verdicts,
+    fraction_verdict,
     not_comparable,
-    span,
+    ratio_verdict,
     speed_not_judged,
-    speed_verdict,
+    time_verdict,
 )
-from harness.verdict.stats import Interval, mean_ci, ratio_of_intervals
-from harness.verdict.verdicts import LESSON, NOT_RUN, Sample, Verdict, above, below, metric, sample_metric, within
+from harness.verdict.stats import mean_ci
+from harness.verdict.verdicts import (
+    LESSON,
+    NOT_RUN,
+    Sample,
+    Verdict,
+    above,
+    as_lesson,
+    below,
+    failures,
+    metric,
+    sample_metric,
+    within,
+)
 
 
 def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample],
@@ -40,11 +50,9 @@ def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample],
     """One metric of one cell against its band. `reference`: the cell's reference rate, measured in
     the same grade (None when the band needs none, or when the reference failed).
 
-    Throughput (absolute or as a ratio) is a speed row (speed_rule): the interval of the ratios
-    against the floor. A ratio is over the paired reference where the runs carry their own (each run
-    over the reference measured beside it in time: a busy moment slows both), else over the cell's
-    reference rate. `alike`: the reference is the same work (the course's lab beside a student's
-    program).
+    Throughput (absolute or as a ratio) is a speed row, judged beside its derivation in speed.py
+    (ratio_verdict, fraction_verdict). `alike`: the reference is the same work (the course's lab
+    beside a student's program).
     """
     measured = [sample_metric(s, band.metric) for s in samples]
     expected = band.describe(world_size)
@@ -55,37 +63,9 @@ def band_verdict(lab: str, world_size: int, band: Band, samples: list[Sample],
                        f"the record lacks metrics.{band.metric} (a number); see labs/README.md")
     values = [v for v in measured if v is not None]  # every one, as checked above
     if band.at_least_ratio:
-        if world_size not in band.at_least_ratio:
-            return Verdict(lab, world_size, f"{band.metric}_ratio", "-", expected, None,
-                           f"the profile has no expectation for world size {world_size}")
-        check, floor = f"{band.metric}_ratio", band.at_least_ratio[world_size]
-        paired = [(v, s.reference) for v, s in zip(values, samples, strict=True) if s.reference]
-        if paired:
-            ratios = [v / r for v, r in paired]
-            how = (f"geometric mean of {len(ratios)} paired ratio(s) ({', '.join(f'{r:.3f}' for r in ratios)}), "
-                   f"each run's {band.metric} over the reference measured around it in this grade "
-                   f"(median {statistics.median(values):.4g} against "
-                   f"{statistics.median(r for _, r in paired):.4g})")
-        elif reference:
-            ratios = [v / reference for v in values]
-            how = (f"geometric mean of {len(ratios)} run(s): {statistics.median(values):.4g} {band.metric} "
-                   f"against the reference's {reference:.4g}, measured in this grade on this machine")
-        else:
-            return Verdict(lab, world_size, check, "-", expected, False,
-                           "the reference loop did not run successfully, so throughput could not be judged")
-        if any(r <= 0 for r in ratios):
-            return Verdict(lab, world_size, check, "0", expected, False, f"a run measured no {band.metric}")
-        return speed_verdict(lab, world_size, check, expected, ratios, floor, samples, alike, how)
+        return ratio_verdict(lab, world_size, band, samples, values, expected, reference, alike)
     if band.expected and band.at_least_fraction is not None:  # profiles.py reads them together
-        if world_size not in band.expected:
-            return Verdict(lab, world_size, band.metric, fmt(mean_ci(values).mean), expected, None,
-                           f"the profile has no expectation for world size {world_size}")
-        threshold = band.at_least_fraction * band.expected[world_size]
-        if any(v <= 0 for v in values):
-            return Verdict(lab, world_size, band.metric, "0", expected, False, f"a run measured no {band.metric}")
-        # The profile's number, against runs of this grade: a busy machine may explain a slow one.
-        return speed_verdict(lab, world_size, band.metric, expected, [v / threshold for v in values],
-                             1.0, samples, False, f"threshold {threshold:.4g}; {len(values)} run(s)", threshold)
+        return fraction_verdict(lab, world_size, band, band.at_least_fraction, samples, values, expected)
     mean = mean_ci(values).mean
     if band.value is not None and band.tolerance is not None:  # profiles.py reads them together
         passed = abs(mean - band.value) <= band.tolerance
@@ -112,6 +92,14 @@ def said(fields: dict[str, Any]) -> str:
             return ", ".join(value(x) for x in v) or "none"
         return fmt(v) if isinstance(v, float) else str(v)
     return "; ".join(f"{str(k).replace('_', ' ')} {value(v)}" for k, v in fields.items())
+
+
+def required_checks(samples: list[Sample], observed: bool) -> list[str]:
+    """The required_checks calibrate writes (judged in evaluate_cell): every check the runs' records
+    carried, by name. None (an empty list) for a data-parallel training lab (`observed`), whose checks the harness
+    computes itself from its observations: the record's own checks are then claims to compare, not
+    requirements."""
+    return [] if observed else sorted({name for s in samples for name in (s.record or {}).get("checks", {})})
 
 
 def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
@@ -144,7 +132,7 @@ def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
         if not ok_samples:
             verdicts.append(Verdict(lab, world_size, f"{band.metric}_ratio" if band.at_least_ratio else band.metric,
                                     "not measured", band.describe(world_size), False,
-                                    f"no run finished well to measure {band.metric} in ({_failures(failed)})"))
+                                    f"no run finished well to measure {band.metric} in ({failures(failed)})"))
         elif crowded and band.metric == exp.throughput_metric:
             verdicts.append(not_comparable(band_verdict(lab, world_size, band, ok_samples, reference,
                                                         exp.reference_alike), crowded))
@@ -171,37 +159,6 @@ def speed_undecided(exp: LabExpectation, world_size: int, samples: list[Sample],
     return False
 
 
-def time_verdict(exp: LabExpectation, world_size: int, samples: list[Sample]) -> Verdict:
-    """The time budget, a speed row by the same rule with a one-sided interval: other work only ever
-    slows a run, so the slowest run within the budget passes whatever ran beside it; over it, it
-    fails where the cores were the run's own, and is not comparable where they were crowded (the
-    run's own ranks x threads past its cores, or other work busy beside it). A run that timed out
-    still fails its "run" row."""
-    lab, budget = exp.lab, exp.time_budget_s
-    ok_samples = [s for s in samples if s.status == "ok"]
-    failed = [s for s in samples if s.status != "ok"]
-    slowest = max(s.wall_seconds for s in samples)
-    seen = interference(samples)
-    if not ok_samples and slowest <= budget:  # a crash's wall time says nothing of the program's speed
-        return Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {budget:g} s", None,
-                       f"not judged: no run finished well ({_failures(failed)})")
-    why = next((s.start_up for s in samples if s.wall_seconds == slowest and s.start_up), "")
-    verdict = Verdict(lab, world_size, "time", f"{slowest:.1f} s", f"<= {budget:g} s", slowest <= budget,
-                      "slowest run's wall time" + ("" if ok_samples else f"; no run finished well "
-                                                   f"({_failures(failed)})") + (
-                          f"; of it, {why}" if why and slowest > budget else "") + f"; interference: {seen}",
-                      margin=below(slowest, budget), interference=str(seen))
-    if verdict.passed:
-        return verdict
-    crowded = speed_not_judged(samples) or (f"other work ran beside the runs ({seen}): run again on a quieter "
-                                            "machine" if seen.busy() else None)
-    return not_comparable(verdict, crowded) if crowded else verdict
-
-
-def _failures(failed: list[Sample]) -> str:
-    return f"{len(failed)} run(s) failed" + (f"; the first: {failed[0].reason}" if failed[0].reason else "")
-
-
 def shown_accuracy(exp: LabExpectation, world_size: int, samples: list[Sample]) -> list[Verdict]:
     """The accuracy the harness measured, where the profile has no band for it: shown, never graded
     (passed None), with what the program reported beside it. Nothing where it was not measured."""
@@ -220,16 +177,6 @@ def shown_accuracy(exp: LabExpectation, world_size: int, samples: list[Sample]) 
     return [Verdict(exp.lab, world_size, name, fmt(mean_ci(values).mean), "no band (shown)", None,  # type: ignore[arg-type]
                     f"{how}measured by the harness from rank 0's final weights; the program reported {claimed}; "
                     "the profile grades no accuracy here")]
-
-
-def as_lesson(exp: LabExpectation, verdict: Verdict) -> Verdict:
-    """A lesson row (ddp-local-bn) shows what a mistake costs: being worse than a band is its point,
-    so its bands and comparisons are reported, never graded. It still fails for what would fail any
-    row: a crash, a check, an observed mistake, a contradicted claim, its time budget."""
-    if not exp.lesson or verdict.passed is None:
-        return verdict
-    return dataclasses.replace(verdict, passed=None, margin=None,
-                               detail=f"lesson: {exp.lesson} {verdict.detail}".strip())
 
 
 def observed_verdicts(lab: str, world_size: int, samples: list[Sample]) -> list[Verdict]:
@@ -273,61 +220,11 @@ def evaluate_across(exp: LabExpectation, cells: dict[int, list[Sample]],
         if ws == 1:
             continue
         if exp.accuracy_delta is not None:
-            base, here = mean_of(1, exp.accuracy_metric, base_runs), mean_of(ws, exp.accuracy_metric)
-            if base is None or here is None:
-                verdicts.append(Verdict(exp.lab, ws, "accuracy_vs_ws1", "-", f"within {exp.accuracy_delta:g}",
-                                        None, "needs successful runs with final accuracy at world sizes 1 and "
-                                              f"{ws}"))
-            else:
-                compared = f"{exp.accuracy_metric} {here:.3f} at {ws} vs {base:.3f} at 1" + (
-                    f" ({exp.single_device})" if exp.single_device else "")
-                verdicts.append(as_lesson(exp, Verdict(exp.lab, ws, "accuracy_vs_ws1", f"{here - base:+.3f}",
-                                                       f"within ±{exp.accuracy_delta:g}",
-                                                       abs(here - base) <= exp.accuracy_delta, compared,
-                                                       margin=within(abs(here - base), exp.accuracy_delta))))
+            verdicts.append(as_lesson(exp, accuracy_vs_ws1(exp, ws, exp.accuracy_delta, mean_of(
+                1, exp.accuracy_metric, base_runs), mean_of(ws, exp.accuracy_metric))))
         if ws in exp.efficiency_min:
             verdicts += efficiency_verdicts(exp, ws, ok.get(ws, []), base_runs, references)
     return verdicts
-
-
-def efficiency_verdicts(exp: LabExpectation, ws: int, runs: list[Sample], base_runs: list[Sample],
-                        references: dict[int, float | None]) -> list[Verdict]:
-    """Scaling efficiency T(n) / (n T(1)) by speed_rule, its interval over the runs at both ends.
-    Where the throughput is a ratio to a reference, over the reference's own: each run's rate over
-    its paired reference (else the cell's reference rate), so (T(n)/R(n)) / (T(1)/R(1))."""
-    floor = exp.efficiency_min[ws]
-    name = exp.throughput_metric
-
-    def rates(samples: list[Sample], at: int) -> list[float] | None:
-        values = [sample_metric(s, name) for s in samples]
-        if not values or any(v is None or v <= 0 for v in values):
-            return None
-        if not (exp.reference and references.get(1) and references.get(ws)):
-            return values  # type: ignore[return-value]
-        return [v / (s.reference or references[at]) for v, s in zip(values, samples, strict=True)]  # type: ignore[operator]
-
-    top, bottom = rates(runs, ws), rates(base_runs, 1)
-    if top is None or bottom is None:
-        return [Verdict(exp.lab, ws, "efficiency", "-", f">= {floor:g}", None,
-                        f"needs {name} at world sizes 1 and {ws}")]
-    over_loop = bool(exp.reference and references.get(1) and references.get(ws))
-    interval = ratio_of_intervals(top, bottom)
-    scale = 1.0 if over_loop else 1.0 / ws
-    how = f"T({ws}) / ({ws} T(1)) with T = {name}" \
-        + (f" (T(1): the {exp.single_device}'s)" if exp.single_device else "") \
-        + (", each run over its reference's rate: over the reference's own scaling" if over_loop else "")
-    seen = interference([*runs, *base_runs])
-    shown = Interval(interval.mean * scale, interval.low * scale, interval.high * scale, interval.n)
-    state = PASS if shown.low >= floor else UNDECIDED if shown.high >= floor else \
-        BIASED if not exp.reference_alike and seen.busy() else FAIL
-    detail = f"{how}; 95% interval {span(shown)} over {len(top)} and {len(bottom)} run(s); interference: {seen}"
-    verdict = Verdict(exp.lab, ws, "efficiency", f"{shown.mean:.3f}", f">= {floor:g}", state == PASS, detail,
-                      margin=above(shown.low if state == PASS else shown.high, floor), interference=str(seen))
-    crowded = speed_not_judged(runs) or speed_not_judged(base_runs) or (
-        f"below the floor, but other work ran beside the runs ({seen}): run again on a quieter machine"
-        if state == BIASED else f"the interval {span(shown)} {REACHES} {floor:g}: run again with more "
-        f"repeats (--repeats) or on a quieter machine ({seen})" if state == UNDECIDED else None)
-    return [not_comparable(verdict, crowded) if crowded else as_lesson(exp, verdict)]
 
 
 def grade_verdicts(profile: Profile, labs: list[str], done: dict[tuple[str, int], list[Sample]],

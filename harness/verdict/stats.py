@@ -51,6 +51,12 @@ def mean_ci(samples: list[float]) -> Interval:
     return Interval(mean, mean - half, mean + half, len(samples))
 
 
+def spread(values: list[float]) -> float:
+    """The standard deviation of repeated measurements; 0 for one (the caller decides what one run
+    without a spread measured means)."""
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
 def speedup(throughput: float, base_throughput: float) -> float:
     return throughput / base_throughput
 

@@ -1,14 +1,18 @@
 """Verdicts: what the grader concludes from a lab's runs, one row per comparison.
 
-The row (Verdict) and the run it is reached from (Sample), the metric a run measured, and a row's
-margin: how far a comparison was from failing. The rows are reached in evaluate.py (per cell and
-across world sizes), the speed rows by one rule (speed.py).
+The row (Verdict) and the run it is reached from (Sample), the metric a run measured, a row's
+margin (how far a comparison was from failing) and a lesson row's (as_lesson). The rows are reached
+in evaluate.py (per cell and across world sizes), the speed rows by one rule (speed.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.verdict.expectations import LabExpectation
 
 LESSON = "lesson"  # a verdict's `measured` where an observed check is a lesson: failed, at no cost (passed None)
 NOT_RUN = "not run"  # a Sample's status where its cell could not run here (grading/cells.py), with the reason
@@ -89,3 +93,18 @@ def below(value: float, ceiling: float | None) -> float | None:
 def within(distance: float, tolerance: float) -> float | None:
     """The margin of distance <= tolerance, as a fraction of the tolerance."""
     return 1 - distance / tolerance if tolerance else None
+
+
+def failures(failed: list[Sample]) -> str:
+    """What the failed runs of a cell said: how many, and the first one's reason."""
+    return f"{len(failed)} run(s) failed" + (f"; the first: {failed[0].reason}" if failed[0].reason else "")
+
+
+def as_lesson(exp: LabExpectation, verdict: Verdict) -> Verdict:
+    """A lesson row (ddp-local-bn) shows what a mistake costs: being worse than a band is its point,
+    so its bands and comparisons are reported, never graded. It still fails for what would fail any
+    row: a crash, a check, an observed mistake, a contradicted claim, its time budget."""
+    if not exp.lesson or verdict.passed is None:
+        return verdict
+    return dataclasses.replace(verdict, passed=None, margin=None,
+                               detail=f"lesson: {exp.lesson} {verdict.detail}".strip())
