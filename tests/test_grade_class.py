@@ -912,3 +912,26 @@ def test_a_job_stopped_before_it_was_judged_is_set_aside_without_its_weights(tmp
         removed = json.loads(manifest.read_text())
         assert removed["bytes"] == 1010 and {Path(e["path"]).name for e in removed["removed"]} == {
             "final_weights.pt", "checkpoint.pt"}
+
+
+def test_a_students_pages_are_written_once_per_grade(tmp_path):
+    """Issue 50: a job's pages were written as it ended and again, the same, at the class's end. Written
+    once: asked again in the same grade, what was written stands (its outcome, not its files made again);
+    each platform's results.json carries the very Markdown of feedback/<id>.md."""
+    from harness.classgrade import classroom
+    from harness.classgrade.grading_loop import write_pages
+
+    (tmp_path / "week" / "carol").mkdir(parents=True)  # a wrong layout: judged without a run
+    for name in ("a.py", "b.py"):
+        (tmp_path / "week" / "carol" / name).write_text("print('hello')\n")
+    (student,) = submissions.find_submissions(tmp_path / "week")
+    room = classroom.Classroom(classroom.ClassRequest(tmp_path / "week", results=tmp_path / "results"),
+                               rubric.load(rubric.DEFAULT), [student], {"carol": None}, None, 1)
+    first = write_pages(room, student, COURSE)
+    feedback = room.class_dir / "feedback" / "carol.md"
+    said = feedback.read_text()
+    assert first.status == "ungradable" and "wrong layout" in said
+    for platform in ("gradescope", "prairielearn"):
+        assert json.loads((room.class_dir / platform / "carol" / "results.json").read_text())["output"] == said
+    feedback.unlink()  # a second writing would make it again
+    assert write_pages(room, student, COURSE) is first and not feedback.exists()

@@ -141,6 +141,7 @@ class Classroom:
     settings: ClassSettings | None = None  # what it is graded with (None: no gradable student to grade)
     before: ClassSettings | None = None  # what it was graded with before (its settings.json)
     outcomes: dict[str, Outcome] = dataclasses.field(default_factory=dict)  # judged once a job ends
+    written: set[str] = dataclasses.field(default_factory=set)  # whose pages this grade wrote (write_pages): once each
     lesson_root: str = ""  # what every lesson link of its feedback starts with (lessons.lesson_root)
 
     @property

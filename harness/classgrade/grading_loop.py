@@ -54,6 +54,7 @@ def new_job(room: Classroom, student: Submission, slot: int, gpus: list[int] | N
     write_json(folder / "job.json", job)
     room.stored[student.key] = job
     room.outcomes.pop(student.key, None)
+    room.written.discard(student.key)
     return job
 
 
@@ -78,14 +79,18 @@ def finish_job(room: Classroom, ended: Ended, lesson_root: str,
 
 
 def write_pages(room: Classroom, student: Submission, lesson_root: str) -> account.Outcome:
-    """The student's feedback pages; where they cannot be made of what its runs left, its row is
-    "error" (judging_failed) and the pages say that."""
+    """The student's feedback pages, written once per grade: as its job ends (finish_job), else at the
+    end (grade_class); asked again, its outcome as they were written. Where they cannot be made of
+    what its runs left, its row is "error" (judging_failed) and the pages say that."""
+    if student.key in room.written:
+        return room.outcomes[student.key]
     outcome = room.outcome(student)
     try:
         outputs.write_student(room.class_dir, outcome, room.rubric, lesson_root)
     except Exception as error:  # noqa: BLE001 - one submission's pages, never the class's end
         outcome = room.outcomes[student.key] = judging_failed(student, error, room.request.sandboxed)
         outputs.write_student(room.class_dir, outcome, room.rubric, lesson_root)
+    room.written.add(student.key)
     return outcome
 
 
@@ -186,6 +191,7 @@ def grade_class(request: ClassRequest, as_json: bool = False) -> int:
         interrupted = stop
     finally:
         signal.signal(signal.SIGTERM, previous)
+    # Each student's pages once: those whose jobs ended above were written then (write_pages keeps them).
     outcomes = [write_pages(room, s, lesson_root) if room.outcome(s).status != "pending" else room.outcome(s)
                 for s in room.students]
     summary = summary_of(room, outcomes, time.monotonic() - started, interrupted is not None)

@@ -158,9 +158,13 @@ the program's runs. Only programs whose runs all ended well are ranked.</p>
 
 
 def write_student(out_dir: Path, outcome: Outcome, rubric: Rubric, lesson_root: str) -> None:
+    """The student's files: its feedback (.md, .html) and each platform's results.json, which carry
+    the same Markdown feedback, made once here."""
+    feedback = feedback_markdown(outcome, rubric, lesson_root)
     (out_dir / "feedback").mkdir(parents=True, exist_ok=True)
-    write_bytes(out_dir / "feedback" / f"{outcome.key}.md", feedback_markdown(outcome, rubric, lesson_root).encode())
+    write_bytes(out_dir / "feedback" / f"{outcome.key}.md", feedback.encode())
     write_bytes(out_dir / "feedback" / f"{outcome.key}.html", feedback_html(outcome, rubric, lesson_root).encode())
-    for platform, results in (("gradescope", gradescope_results(outcome, rubric, lesson_root)),
-                              ("prairielearn", prairielearn_results(outcome, rubric, lesson_root))):
+    by_platform = {"gradescope": gradescope_results(outcome, rubric, lesson_root, feedback=feedback),
+                   "prairielearn": prairielearn_results(outcome, rubric, lesson_root, feedback=feedback)}
+    for platform, results in by_platform.items():
         write_json(out_dir / platform / outcome.key / "results.json", results)

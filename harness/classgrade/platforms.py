@@ -76,12 +76,14 @@ def _extra_data(outcome: Outcome) -> dict[str, Any]:
 
 
 def gradescope_results(outcome: Outcome, rubric: Rubric, lesson_root: str = "",
-                       execution_time: float | None = None) -> dict[str, Any]:
+                       execution_time: float | None = None, feedback: str | None = None) -> dict[str, Any]:
     """Gradescope's results.json: the student's Markdown feedback as the top-level output (`md`; its
     default would render the text as HTML), one test per rubric item with the rubric's visibility
     (Gradescope applies its own due dates to after_due_date), a leaderboard entry where the rate
-    was measured (shown only where the assignment enables leaderboards)."""
-    results: dict[str, Any] = {"output": feedback_markdown(outcome, rubric, lesson_root), "output_format": "md",
+    was measured (shown only where the assignment enables leaderboards). `feedback`: that Markdown,
+    where the caller made it already (outputs.write_student: once for every file of the student)."""
+    feedback = feedback_markdown(outcome, rubric, lesson_root) if feedback is None else feedback
+    results: dict[str, Any] = {"output": feedback, "output_format": "md",
                                "test_output_format": "md", "test_name_format": "text", "visibility": "visible",
                                "stdout_visibility": "hidden", "extra_data": _extra_data(outcome)}
     if execution_time is not None:
@@ -107,10 +109,12 @@ def gradescope_results(outcome: Outcome, rubric: Rubric, lesson_root: str = "",
     return results
 
 
-def prairielearn_results(outcome: Outcome, rubric: Rubric, lesson_root: str = "") -> dict[str, Any]:
+def prairielearn_results(outcome: Outcome, rubric: Rubric, lesson_root: str = "",
+                         feedback: str | None = None) -> dict[str, Any]:
     """PrairieLearn's results.json: score as a fraction of the rubric's points, one test per item a
-    student may see now (PrairieLearn shows every test it is given; the score counts them all)."""
-    feedback = feedback_markdown(outcome, rubric, lesson_root)
+    student may see now (PrairieLearn shows every test it is given; the score counts them all).
+    `feedback`: the student's Markdown feedback, as gradescope_results takes it."""
+    feedback = feedback_markdown(outcome, rubric, lesson_root) if feedback is None else feedback
     if outcome.status != "graded":
         why = f"{UNGRADED.get(outcome.status, outcome.status)}: {outcome.reason}"
         return {"gradable": False, "format_errors": [why], "message": why, "output": feedback}
