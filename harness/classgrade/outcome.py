@@ -102,7 +102,8 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
     stored = read_json(folder / jobs.OBSERVATIONS, STORED_BYTES)  # bounded as the program's: it holds what they left
     done, references = runs_from_json(stored["done"]), runs_from_json(stored["references"])
     grade_plan = jobs.plan_for(job, check_runs=False)
-    verdicts = judge(grade_plan, done, references)
+    rates = reference_rates(grade_plan.reference, references)  # for the verdicts and the rate ratio below
+    verdicts = judge(grade_plan, done, references, rates)
     samples = [s for runs in done.values() for s in runs]
     account = stored.get("sandbox") or {}
     outcome = Outcome(student.id, "graded", "", the_rubric.score(verdicts), verdicts, account,
@@ -122,7 +123,6 @@ def outcome_of(student: Submission, job: dict[str, Any] | None, the_rubric: rubr
         outcome.status = "ungradable"
         outcome.reason = f"it did not run to a record of its own: {why}" + (f" ({findings})" if findings else "")
     outcome.seconds = statistics.fmean(s.wall_seconds for s in samples) if samples else None
-    rates = reference_rates(grade_plan.reference, references)
     ratios = [rate / ref for (lab, ws), runs in done.items() for s in runs
               if (rate := s.measured.get("img_per_sec")) and (ref := rates.get((lab, ws)))]
     outcome.rate_ratio = statistics.median(ratios) if ratios else None

@@ -16,13 +16,16 @@ from harness.verdict.verdicts import Sample, Verdict
 Executor = Callable[[GradePlan, dict[Cell, list[Sample]], dict[Cell, list[Sample]]], None]
 
 
-def judge(grade_plan: GradePlan, done: dict[Cell, list[Sample]], references: dict[Cell, list[Sample]]
-          ) -> list[Verdict]:
+def judge(grade_plan: GradePlan, done: dict[Cell, list[Sample]], references: dict[Cell, list[Sample]],
+          rates: dict[Cell, float | None] | None = None) -> list[Verdict]:
     """Every verdict of these runs: each run paired with its reference runs, then the profile's
-    bands, checks and claims per cell and across world sizes. Needs nothing of this host."""
+    bands, checks and claims per cell and across world sizes. Needs nothing of this host. `rates`:
+    the cells' reference rates (pairing.reference_rates of these references), where the caller
+    needs them too, computed once."""
     pair_references(grade_plan.reference, done, references)
-    return grade_verdicts(grade_plan.profile, grade_plan.labs, done,
-                          reference_rates(grade_plan.reference, references))
+    if rates is None:
+        rates = reference_rates(grade_plan.reference, references)
+    return grade_verdicts(grade_plan.profile, grade_plan.labs, done, rates)
 
 
 @dataclass
