@@ -298,6 +298,7 @@ def gpu_proxy(session: nox.Session) -> None:
     run under `bwrap --unshare-net` (loopback only), as it runs there: install, doctor, calibrate, grade,
     archive, into an --out folder held to what comes back from there (8 files of 16 MiB, no folders).
     Options after -- go to `distlab acceptance` (say --deadline 900)."""
+    _sandbox_tool(session)  # a fresh host where we are root: installed here, as `nox -s env` does
     bwrap = shutil.which("bwrap")
     if not bwrap:
         session.error("needs bubblewrap to cut the network (as root: apt-get install bubblewrap)")
@@ -498,8 +499,9 @@ def deploy_refusal(place: str) -> str | None:
     root, apt = os.geteuid() == 0, shutil.which("apt-get") is not None
     engine = shutil.which("podman") or shutil.which("docker")
     if place == "gpu-proxy":
-        if not shutil.which("bwrap"):
-            return "no bubblewrap to cut the network (as root: apt-get install bubblewrap)"
+        if not shutil.which("bwrap") and not (root and apt):
+            return "no bubblewrap to cut the network, and it cannot be installed here (as root: apt-get install " \
+                   "bubblewrap)"
         made = next(GPU_HOST_HOME.glob(f"py{GPU_PYTHON}-*/.distlab-made"), None)
         if made is None and gpu_host_base()[0] is None:
             return f"no Python {GPU_PYTHON} (pyenv install {GPU_PYTHON}, or set GPU_PROXY_PYTHON to one)"
