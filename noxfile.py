@@ -481,9 +481,10 @@ def k8s(session: nox.Session) -> None:
     session.log(f"k8s with {engine}: " + ", ".join(f"{step} {seconds:.0f} s" for step, seconds in timings.items()))
 
 
-# Every place users run distlab, re-proved by `nox -s verify-deploy` (docs/testing.md says when): the
-# session of each, why it may not be possible on a host, and the most minutes it may take. The four
-# together fit 90 minutes on a 2-core machine of this kind (docs/testing.md has the measured table).
+# Every place users run distlab, re-proved by `nox -s verify-deploy` (the README's "When to run `make
+# verify-deploy`" says when, and gives the last measured table): the session of each, why it may not be
+# possible on a host, and the most minutes it may take. The four together fit 90 minutes on a 2-core
+# machine of this kind.
 DEPLOY_PLACES = (
     ("GPU proxy (the borrowed GPU machine's software, on CPUs)", "gpu-proxy", 35),
     ("Gradescope-like container (the bundle, Gradescope's limits)", "gradescope", 25),

@@ -23,7 +23,7 @@ from harness.acceptance import deadline, preflight, session
 from harness.acceptance.estimate import ESTIMATE, estimate, pass_seconds
 from harness.acceptance.plan import ROWS, plan_toml, planned_rows
 from harness.acceptance.processes import end_leftovers
-from harness.acceptance.steps import Step
+from harness.acceptance.steps import OBSERVED_DDP, Step, one_gpu_steps
 from harness.commands import acceptance, calibrate, cli
 from harness.grading.plan import GradePlan
 from harness.verdict.profiles import load_profile
@@ -362,6 +362,20 @@ def test_a_throughput_band_from_one_run_is_the_widest_not_the_tightest():
     two = {2: [Sample("/r", "ok", None, 10.0, {"metrics": {"img_per_sec": v}}) for v in (15.0, 15.2)]}
     assert calibrate.derive_lab({"world_sizes": [2]}, "img_per_sec", two)["metrics"]["img_per_sec"][
         "at_least_fraction"] == 0.7  # a measured spread this small still leaves the 0.7 cap
+
+
+@pytest.mark.parametrize("cpu_proxy", [False, True])
+def test_the_grade_before_the_claim_spread_keeps_the_weights_it_reads(cpu_proxy, tmp_path):
+    """The claim spread evaluates the grade's ddp weights; a grade removes them once judged unless
+    --keep (#49), and `make gpu-proxy` then failed at its last step: no final_weights.pt."""
+    planned = one_gpu_steps("p", tmp_path, (True, ""), cpu_proxy=cpu_proxy)
+    names = [step.name.split()[0] for step in planned]
+    grade = planned[names.index("grade")]
+    assert names.index("claim") > names.index("grade") and OBSERVED_DDP in planned[names.index("claim")].argv
+    assert grade.argv and "--keep" in grade.argv
+    without_ddp = one_gpu_steps("p", tmp_path, (True, ""), cpu_proxy=cpu_proxy, only=["check_gloo_cuda"])
+    assert [step.name.split()[0] for step in without_ddp] == ["doctor", "calibrate", "grade"]
+    assert "--keep" not in (without_ddp[-1].argv or [])  # nothing reads them: removed once judged
 
 
 @pytest.mark.integration

@@ -47,12 +47,15 @@ def one_gpu_steps(name: str, folder: Path, horovod: tuple[bool, str], cpu_proxy:
     planned.append(Step(f"calibrate {name}", ["calibrate", "--profile", name, "--template", str(folder / "plan.toml"),
                                               "--output", str(profiles), "--repeats", "1", "--keep-going",
                                               "--timeout", timeout, *results], share["calibrate"]))
-    planned.append(Step(f"grade against {name}", ["grade", "--profile", str(profiles / f"{name}.toml"), "--timeout",
-                                                  timeout, "--json", *results], share["grade"],
-                        stdout_to=folder / "grade.json"))
     # What bf16 and cuDNN make two honest evaluations of one model differ by, measured where it matters
     # (the claim tolerance was reasoned from the CPU's: docs/gpu-acceptance.md). Last: a cut takes it first.
+    # It reads the weights of the grade's ddp run, so that grade keeps them (a grade removes them once
+    # judged); the archive leaves weights out either way.
     ddp = next((row for row in planned_rows(horovod[0], only) if row.name == "ddp"), None)
+    keep = ["--keep"] if ddp is not None else []
+    planned.append(Step(f"grade against {name}", ["grade", "--profile", str(profiles / f"{name}.toml"), "--timeout",
+                                                  timeout, "--json", *keep, *results], share["grade"],
+                        stdout_to=folder / "grade.json"))
     if ddp is not None:
         configs = ["fp32:128", "fp32:37"] if cpu_proxy else ["bf16:512", "bf16:100", "fp32:512"]
         planned.append(Step("claim spread", [OBSERVED_DDP, *[f"--config={c}" for c in configs], "--processes", "2",
