@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -420,10 +421,25 @@ def slurm(session: nox.Session) -> None:
 CPU_IMAGE = "distlab:cpu"
 
 
+def _engine(session: nox.Session, **env: str) -> tuple[str, str]:
+    """docker/engine.sh's answer, ENGINE and BASE: its last line. The lines before it are its progress
+    (stderr, which a silent session.run returns with stdout): installing podman, building a base."""
+    engine, base = session.run("docker/engine.sh", external=True, silent=True, env=env).strip().splitlines()[-1].split()
+    return engine, base
+
+
+def _resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
+
+
 def _cpu_image(session: nox.Session, timings: dict[str, float]) -> tuple[str, str, dict[str, str]]:
     """The engine (docker or podman, installed where missing), the base, and the CPU image built from
     this checkout (layers cached: a rebuild after a change to the project only redoes the last ones)."""
-    engine, base = session.run("docker/engine.sh", external=True, silent=True).split()
+    engine, base = _engine(session)
     image = os.environ.get("IMAGE") or CPU_IMAGE
     env = {"ENGINE": engine, "BASE": base, "IMAGE": image}
     started = time.monotonic()
@@ -458,11 +474,16 @@ def image(session: nox.Session) -> None:
 @nox.session(venv_backend="none", requires=["env"], default=False)
 def gradescope(session: nox.Session) -> None:
     """The Gradescope bundle in a container laid out as Gradescope's, with its limits: setup, then four submissions."""
-    # docker/engine.sh installs podman where no engine answers; its last line is "ENGINE BASE".
-    engine = session.run("docker/engine.sh", external=True, silent=True, env={"BASE": "unused"}).split()[-2]
+    engine, _ = _engine(session, BASE="unused")  # podman installed where no engine answers
+    env = {"DISTLAB_ENGINE_TESTS": "1", "ENGINE": engine}
+    # The bundle's setup.sh takes CPU torch from the PyTorch CPU index (harness/classgrade/bundle.py's
+    # CPU_TORCH_INDEX) unless TORCH_INDEX_URL names another; a host that cannot resolve it (this
+    # project's machines reach only the package registries) builds the image with PyPI's, as .nox/env.
+    if "TORCH_INDEX_URL" not in os.environ and not _resolves("download.pytorch.org"):
+        env["TORCH_INDEX_URL"] = ""
+        session.log("download.pytorch.org does not resolve here: the image's setup.sh installs PyPI's torch")
     started = time.monotonic()
-    _run_in_env(session, "pytest", "-p", "no:xdist", "tests/test_gradescope.py", *session.posargs,
-                env={"DISTLAB_ENGINE_TESTS": "1", "ENGINE": engine})
+    _run_in_env(session, "pytest", "-p", "no:xdist", "tests/test_gradescope.py", *session.posargs, env=env)
     session.log(f"gradescope: {time.monotonic() - started:.0f} s in all; figures in results/gradescope/summary.json")
 
 

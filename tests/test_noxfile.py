@@ -130,3 +130,17 @@ def test_verify_deploy_names_each_place_s_first_cause_or_why_it_cannot_run_here(
     monkeypatch.setattr(noxfile.os, "geteuid", lambda: 0)
     monkeypatch.setattr(noxfile, "gpu_host_base", lambda: ("/usr/bin/python3.12", []))
     assert [noxfile.deploy_refusal(place) for place in ("gpu-proxy", "gradescope", "k8s", "slurm")] == [None] * 4
+
+
+def test_the_engine_is_read_from_engine_sh_s_last_line_after_its_progress(monkeypatch):
+    """A fresh host: docker/engine.sh installs podman and builds a base first, and a silent session.run
+    returns that progress with the answer (`nox -s k8s` failed: "too many values to unpack")."""
+    noxfile = noxfile_module(monkeypatch)
+
+    class Session:
+        def run(self, *args, **kwargs):
+            assert args[0] == "docker/engine.sh" and kwargs["silent"]
+            return "Setting up podman (4.3.1) ...\nwrote /etc/containers/containers.conf\n" \
+                   "podman localhost/distlab-base:bookworm\n"
+
+    assert noxfile._engine(Session()) == ("podman", "localhost/distlab-base:bookworm")
