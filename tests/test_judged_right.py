@@ -8,6 +8,7 @@ The programs themselves are graded through the real launchers in tests/test_tuto
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import subprocess
 import sys
@@ -386,3 +387,32 @@ def test_a_two_host_cell_in_the_class_sandbox_is_not_run_and_says_why(tmp_path):
     assert (sample.status, sample.reason) == (NOT_RUN, SANDBOXED)
     assert (Path(sample.run_dir) / "not-run.txt").read_text().strip() == SANDBOXED  # a folder of its own
     assert "--unshare-net" in SANDBOXED and "GLOO_SOCKET_IFNAME=lo" in SANDBOXED
+
+
+def test_a_run_on_two_hosts_is_timed_over_every_node_s_ranks(tmp_path):
+    """A two-host cell keeps one observe folder per node. Its rate was timed from node 0's ranks alone,
+    half the run's, so the course lab on two hosts failed its own claim ("claims img_per_sec 298,
+    harness timed 157"). A real two-rank run of the course lab (the replay fixture), its ranks split
+    as two hosts leave them, is timed as the one run it is, and its claim stands."""
+    import shutil
+
+    from harness.grading.samples import observed_sample
+    from harness.run.request import build_request
+
+    run = Path(__file__).resolve().parent / "fixtures" / "replay" / "ddp" / "20261205-121927-ws2-torchrun"
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    shutil.copytree(run, node0)
+    (node1 / "observe").mkdir(parents=True)
+    (node0 / "observe" / "rank.1.json").rename(node1 / "observe" / "rank.1.json")
+    record = json.loads((node0 / "record.json").read_text())
+    whole = observations.throughput(observations.load(run / "observe"))
+    alone = observations.throughput(observations.load(node0 / "observe"))
+    claimed = record["metrics"]["img_per_sec"]
+    assert whole and alone and claimed > data_parallel.THROUGHPUT_CLAIM_FACTOR * alone  # the mistake would show
+    result = RunResult(node0, 0, "ok", None, record, None, 30.0, False, False, False, None)
+    exp = LabExpectation("ddp-two-hosts", (2,), cell="two-hosts", program_lab="ddp")
+    request = build_request("ddp", 2, ["--smoke"], results_root=tmp_path, gpus=0)
+    with accuracy.Evaluator() as evaluator:  # no final weights in the fixture: it says so, in seconds
+        sample = observed_sample(result, exp, request, evaluator, more_dirs=[node1 / "observe"])
+    assert sample.measured["img_per_sec"] == pytest.approx(whole)
+    assert not [c for c in sample.observed if c["name"] == "claim:img_per_sec"], sample.observed

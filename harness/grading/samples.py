@@ -84,13 +84,20 @@ def sample_of(result: RunResult) -> Sample:
     return sample
 
 
-def timed(result: RunResult, metric_name: str) -> Sample:
+def timed(result: RunResult, metric_name: str, more_dirs: list[Path] | None = None) -> Sample:
     """A run with its training throughput timed by the harness, where its observer saw training
-    (img_per_sec of a data-parallel training lab, or of the course lab timing a student's program)."""
+    (img_per_sec of a data-parallel training lab, or of the course lab timing a student's program).
+    `more_dirs`: the observe folders of the run's other nodes, whose ranks train in the same run: the
+    run's rate is every rank's (timed from node 0's alone, a correct run on two hosts was "claims
+    img_per_sec 298, harness timed 157")."""
     sample = sample_of(result)
     observe_dir = result.run_dir / OBSERVE_DIR
-    if metric_name == "img_per_sec" and observe_dir.is_dir() and not tampers_with_the_grader(sample.untrusted):
-        seen = observations.load(observe_dir)
+    if not observe_dir.is_dir():
+        return sample
+    for other in more_dirs or []:  # another node's folder was written where the program runs too
+        sample.untrusted += inspect_run_dir(other.parent)
+    if metric_name == "img_per_sec" and not tampers_with_the_grader(sample.untrusted):
+        seen = observations.merge([observe_dir, *more_dirs]) if more_dirs else observations.load(observe_dir)
         slowed = observations.clock_disagreement(seen)
         sample.measured[metric_name] = rate = None if slowed else observations.throughput(seen)
         sample.start_up = observations.start_up(seen, sample.wall_seconds)
@@ -113,13 +120,11 @@ def observed_sample(result: RunResult, exp: LabExpectation, request: RunRequest,
     folders of the run's other nodes (a two-host cell, grading/cells.py), judged with its own as one
     run's; `roots`: folders besides the run's own whose saved files may be read (their shared folder)."""
     trains_data_parallel = LABS[exp.catalog_lab].data_parallel
-    sample = timed(result, exp.throughput_metric) if trains_data_parallel else sample_of(result)
+    sample = timed(result, exp.throughput_metric, more_dirs) if trains_data_parallel else sample_of(result)
     observe_dir = result.run_dir / OBSERVE_DIR
     # A run that failed is observed too: its own failed check is a claim, what the harness saw the fact.
     if not trains_data_parallel or not observe_dir.is_dir():
         return sample
-    for other in more_dirs or []:  # another node's folder was written where the program runs too
-        sample.untrusted += inspect_run_dir(other.parent)
     planted = tampers_with_the_grader(sample.untrusted)
     if planted:  # never handed to the evaluator (torch.load) or read as the observer's
         sample.measured[exp.accuracy_metric] = None
