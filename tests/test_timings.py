@@ -112,3 +112,13 @@ def test_the_grades_json_summary_has_the_timings_of_each_run(tmp_path, capsys):
     assert [(r["cell"], r["run"]) for r in summary["timings"]["runs"]] == [("ddp@1", 1), ("ddp-resume@2", 1)]
     assert summary["timings"]["phase_totals"]["training"] == 2.0 and "write" in summary["timings"]["grade_steps"]
     assert "where the time went" in out  # the table, asked for
+
+
+def test_a_class_jobs_timings_carry_its_sandboxs_setup_and_teardown_in_order():
+    steps = {"sandbox_setup": 2.0, "plan": 0.1, "sandbox_teardown": 1.0}  # classgrade/job.py's, in its order
+    spent = timings.grade_timings(grade_rows(), steps, 100.0, sandbox="sandbox mode bwrap")
+    assert list(spent["grade_steps"]) == list(steps) and spent["sandbox"] == "sandbox mode bwrap"
+    assert spent["unaccounted_seconds"] == pytest.approx(100.0 - 82.0 - 3.1)
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(timings_table(spent, "a job"))
+    assert "sandbox setup" in out.getvalue() and "sandbox teardown" in out.getvalue()

@@ -99,7 +99,8 @@ def report(grade: Grade, as_json: bool = False, keep: bool = False, show_timings
                           markup=False)
     grade.steps["write"] = time.monotonic() - writing
     wall = time.monotonic() - began if began is not None else grade.wall_seconds + sum(grade.steps.values())
-    spent = timings.grade_timings(timings.run_rows(grade.done, grade.references), grade.steps, wall)
+    steps = {step: grade.steps[step] for step in timings.GRADE_STEPS if step in grade.steps}
+    spent = timings.grade_timings(timings.run_rows(grade.done, grade.references), steps, wall)
     if show_timings:
         console.print(timings_table(spent, f"distlab grade: {profile.name}, where the time went"))
     console.print(f"{'[red]FAILED[/red]' if grade.failed else '[green]passed[/green]'}: {grade.failed} failed "

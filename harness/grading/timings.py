@@ -12,7 +12,7 @@ from harness.observe.timeline import EVALUATE, PHASES
 from harness.verdict.verdicts import Sample
 
 RUN_COLUMNS = (*PHASES, EVALUATE)
-# The grade's own steps, outside its runs, in order (commands/grade.py and grading/judge.py time them).
+# `distlab grade`'s own steps, outside its runs, in order (commands/grade.py and grading/judge.py time them).
 GRADE_STEPS = ("plan", "judge", "write")
 # `distlab grade` runs no sandbox (only grade-class does, classgrade/sandbox/): its setup is no phase here.
 NO_SANDBOX = "no sandbox in distlab grade (grade-class sets one up per job)"
@@ -30,15 +30,17 @@ def run_rows(done: dict[Cell, list[Sample]], references: dict[Cell, list[Sample]
     return rows
 
 
-def grade_timings(rows: list[dict[str, Any]], steps: dict[str, float], wall_seconds: float) -> dict[str, Any]:
-    """The grade's timings: `rows` (run_rows), `steps` the grade's own (GRADE_STEPS, seconds), and its wall
-    time from the command's start; "unaccounted" is the wall time less every run and step (the evaluator's
-    start and end, the progress display, the gaps between runs)."""
+def grade_timings(rows: list[dict[str, Any]], steps: dict[str, float], wall_seconds: float,
+                  sandbox: str = NO_SANDBOX) -> dict[str, Any]:
+    """The grade's timings: `rows` (run_rows), `steps` the grade's own outside its runs (seconds, in order:
+    GRADE_STEPS for `distlab grade`; a class job's sandbox setup and teardown too), and its wall time
+    from the command's start; "unaccounted" is the wall time less every run and step (the evaluator's
+    start and end, the progress display, the gaps between runs). `sandbox`: what the runs ran in."""
     totals = {phase: round(sum(row["phases"][phase] for row in rows), 3) for phase in RUN_COLUMNS}
-    own = {step: round(steps.get(step, 0.0), 3) for step in GRADE_STEPS}
+    own = {step: round(seconds, 3) for step, seconds in steps.items()}
     unaccounted = wall_seconds - sum(totals.values()) - sum(own.values())
     return {"clock": "CLOCK_MONOTONIC", "runs": rows, "phase_totals": totals,
             "runs_seconds": round(sum(totals.values()), 3), "grade_steps": own,
             "wall_seconds": round(wall_seconds, 3), "unaccounted_seconds": round(unaccounted, 3),
             "unaccounted_share": round(unaccounted / wall_seconds, 4) if wall_seconds > 0 else None,
-            "sandbox": NO_SANDBOX}
+            "sandbox": sandbox}

@@ -13,7 +13,8 @@ from rich.table import Table
 # Short headers: a dozen columns on a terminal of 120. Their meaning: observe/timeline.py, RUN_PHASES.
 HEADERS = {"prepare": "prep", "launcher": "launch", "torch": "torch", "rendezvous": "rdzv", "data": "data",
            "training": "train", "after_training": "after", "exit": "exit", "accounts": "acct", "evaluate": "eval"}
-STEP_NAMES = {"plan": "planning", "judge": "judging", "write": "writing outputs"}
+STEP_NAMES = {"plan": "planning", "judge": "judging", "write": "writing outputs", "sandbox_setup": "sandbox setup",
+              "sandbox_teardown": "sandbox teardown"}
 
 
 def timings_table(timings: dict[str, Any], title: str) -> Table:
