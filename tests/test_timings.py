@@ -49,9 +49,10 @@ def test_a_missing_or_impossible_stamp_gives_its_time_to_the_next_phase():
     assert phases["data"] == 0.0 and phases["training"] == 0.0 and phases["after_training"] == 21.0
     assert sum(phases.values()) == pytest.approx(31.0)
     assert timeline.phases_of({}, [RANK]) == {}  # never launched: nothing to say
-    # No observations at all (a reference loop without an observer): the launch is one phase.
-    assert timeline.phases_of(STAMPS, [])["launcher"] == 0.0
-    assert timeline.phases_of(STAMPS, [])["exit"] == 29.5
+    # No rank stamped anything (a run without an observer, a program without torch): the launch is one phase.
+    for attempts in ([], [{}]):
+        phases = timeline.phases_of(STAMPS, attempts)
+        assert phases["launcher"] == 29.5 and phases["exit"] == 0.0
 
 
 def test_a_restarted_run_counts_both_attempts_phase_by_phase():

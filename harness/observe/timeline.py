@@ -45,7 +45,8 @@ def phases_of(stamps: Mapping[str, float], attempts: Sequence[Mapping[str, float
     """Seconds per phase (PHASES) of one launch: `stamps` the harness's (RunResult.stamps), `attempts` each
     attempt's milestones in order (slowest_rank; a run restarted by torchrun has two). A milestone missing,
     or earlier than the one before it (a rank's clock is its own to misreport), passes its time on to the
-    next phase. Empty where the harness has no stamps (the run never launched)."""
+    next phase; where no rank stamped anything, the launch is the launcher's phase. Empty where the harness
+    has no stamps (the run never launched)."""
     if "began" not in stamps or "accounted" not in stamps:
         return {}
     phases = dict.fromkeys(PHASES, 0.0)
@@ -54,7 +55,8 @@ def phases_of(stamps: Mapping[str, float], attempts: Sequence[Mapping[str, float
     steps = [("prepare", stamps.get("launched"))]
     steps += [(phase, attempt[m] if attempt.get(m, ceiling + 1) <= ceiling else None)
               for attempt in attempts for phase, m in ranks_own]
-    steps += [("exit", stamps.get("exited")), ("accounts", stamps["accounted"])]
+    # A run whose ranks stamped nothing (no observer, or a program without torch): its launcher's whole time.
+    steps += [("exit" if any(attempts) else "launcher", stamps.get("exited")), ("accounts", stamps["accounted"])]
     previous = stamps["began"]
     for phase, at in steps:
         if at is None or at < previous:
