@@ -20,7 +20,8 @@ RUN_PHASES: tuple[tuple[str, str], ...] = (
     ("prepare", "launched"),  # the harness: run folder, environment, command line, rendezvous store
     ("launcher", "observer_loaded"),  # the launcher's start (torchrun imports torch too), the ranks' interpreters
     ("torch", "torch_imported"),  # a rank's import of torch
-    ("rendezvous", "process_group"),  # the program's own imports and setup, then init_process_group
+    ("imports", "process_group_called"),  # the program's own imports (torchvision, its modules), its setup
+    ("rendezvous", "process_group"),  # init_process_group: the ranks meet (the slowest rank's start included)
     ("data", "first_batch"),  # the data set and the model made, the first batch drawn
     ("training", "last_step"),  # first batch to last optimizer step
     ("after_training", "exit"),  # the program's evaluation, its saves, destroy_process_group

@@ -11,8 +11,9 @@ from rich.markup import escape
 from rich.table import Table
 
 # Short headers: a dozen columns on a terminal of 120. Their meaning: observe/timeline.py, RUN_PHASES.
-HEADERS = {"prepare": "prep", "launcher": "launch", "torch": "torch", "rendezvous": "rdzv", "data": "data",
-           "training": "train", "after_training": "after", "exit": "exit", "accounts": "acct", "evaluate": "eval"}
+HEADERS = {"prepare": "prep", "launcher": "launch", "torch": "torch", "imports": "imp", "rendezvous": "rdzv",
+           "data": "data", "training": "train", "after_training": "after", "exit": "exit", "accounts": "acct",
+           "evaluate": "eval"}
 STEP_NAMES = {"plan": "planning", "judge": "judging", "write": "writing outputs", "sandbox_setup": "sandbox setup",
               "sandbox_teardown": "sandbox teardown"}
 
@@ -21,9 +22,9 @@ def timings_table(timings: dict[str, Any], title: str) -> Table:
     columns = list(timings["phase_totals"])
     table = Table(title=escape(title), box=box.SIMPLE_HEAD, caption=escape(
         "seconds of CLOCK_MONOTONIC; a run is its cell (lab@world size) and number; per run from run_lab's "
-        "start: prep(are) the run, launch(er and the ranks' "
-        "interpreters), torch import, rdzv (imports, init_process_group), data (to the first batch), train (to "
-        "the last step), after (evaluation, saves), exit, acct (the run's accounts), eval (the harness's: "
+        "start: prep(are) the run, launch(er and the ranks' interpreters), torch import, imp(orts: the "
+        "program's own, to init_process_group), rdzv (init_process_group), data (to the first batch), train "
+        "(to the last step), after (evaluation, saves), exit, acct (the run's accounts), eval (the harness's: "
         "observations, weights evaluated, checks); unaccounted: between the runs (the evaluator's start and end, "
         f"progress). {timings['sandbox']}"))
     table.add_column("run", no_wrap=True)

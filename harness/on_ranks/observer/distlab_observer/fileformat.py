@@ -24,6 +24,7 @@ SPAWN_FILES = "spawn.*.json"
 # For the user's information (where a run's time goes: harness/observe/timeline.py), never for a verdict.
 TIMELINE = ("observer_loaded",  # sitecustomize ran: the interpreter has started, torch not yet imported
             "torch_imported",  # torch's module has executed (its import, the rank's heaviest start-up cost)
+            "process_group_called",  # init_process_group (or hvd.init) called: the program's own imports are done
             "process_group",  # init_process_group (or hvd.init) returned: the rendezvous is done
             "first_batch",  # a loader handed the program its first batch
             "last_step",  # the last optimizer step returned

@@ -53,6 +53,7 @@ class Hooks(Output):
 
         @functools.wraps(original)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            self.reached("process_group_called")
             result = original(*args, **kwargs)
             self.reached("process_group")
             self.guard("init_process_group", self._note_torch_group, "init_process_group")
@@ -78,6 +79,7 @@ class Hooks(Output):
 
         @functools.wraps(original)
         def init(*args: Any, **kwargs: Any) -> Any:
+            self.reached("process_group_called")
             result = original(*args, **kwargs)
             self.reached("process_group")
             self.guard("hvd.init", self._note_horovod_group, hvd, "hvd.init")

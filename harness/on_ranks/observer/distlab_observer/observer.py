@@ -36,9 +36,9 @@ this module loads (originals.py, which it imports), before the program's first l
 slows time.perf_counter slows its own timing, not the harness's.
 
 Where the time goes (issue 51): the process's timeline, when it reached each of fileformat.TIMELINE's
-milestones (observer loaded, torch imported, process group, first batch, last step, exit), on the
-host's CLOCK_MONOTONIC (originals._stamp), which the harness compares with its own stamps around the
-launch (harness/observe/timeline.py); for the user's information, never for a verdict.
+milestones (observer loaded, torch imported, init_process_group called and returned, first batch, last
+step, exit), on the host's CLOCK_MONOTONIC (originals._stamp), which the harness compares with its own
+stamps around the launch (harness/observe/timeline.py); for the user's information, never for a verdict.
 
 A resume cell asks the first attempt to stop (fileformat.STOP_AFTER_EPOCHS): once that many
 training epochs are done, at the first optimizer step of the next, the observer writes this
