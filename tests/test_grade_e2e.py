@@ -54,7 +54,7 @@ def smoke_profile_without_extra_pairs(folder: Path) -> Path:
 def test_grade_smoke_profile_at_world_sizes_1_and_2(tmp_path):
     results = tmp_path / "results"
     done = run_distlab(["grade", "--profile", str(smoke_profile_without_extra_pairs(tmp_path)), "--labs", "check,ddp",
-                        "--world-sizes", "1,2", "--results", str(results)], timeout=840)
+                        "--world-sizes", "1,2", "--results", str(results), "--json"], timeout=840)
     report = next(results.glob("grade/*"))
     verdicts = json.loads((report / "verdicts.json").read_text())
     checks = {(v["lab"], v["world_size"], v["check"]): v["passed"] for v in verdicts}
@@ -92,6 +92,16 @@ def test_grade_smoke_profile_at_world_sizes_1_and_2(tmp_path):
     assert summary["runs"] + summary["reference_runs"] == len(run_jsons)
     assert summary["harness_overhead"] == pytest.approx(
         summary["wall_seconds"] / sum(run["wall_seconds"] for run in run_jsons), rel=1e-9)
+    # Where the time went (--timings; in --json always): a row per run and reference run, by cell, and the
+    # ranks' milestones seen on every observed run (the phases' sizes depend on the machine: never asserted).
+    timings = json.loads(done.stdout)["timings"]
+    runs = [(f"{lab}@{ws}", 1, False) for lab in ("check", "ddp") for ws in (1, 2)]
+    assert sorted((r["cell"], r["run"], r["reference"]) for r in timings["runs"]) == sorted(
+        [*runs, ("ddp@1", 1, True), ("ddp@2", 1, True)])
+    assert all(r["phases"]["training"] > 0 and r["phases"]["rendezvous"] > 0 for r in timings["runs"]
+               if r["cell"].startswith("ddp@") and not r["reference"])
+    assert timings["wall_seconds"] >= timings["runs_seconds"]
+    assert set(timings["grade_steps"]) == {"plan", "judge", "write"}
 
 
 @pytest.mark.integration

@@ -389,3 +389,21 @@ def test_tampered_weights_are_refused(ddp_lab, tmp_path):
     result = accuracy.measure_accuracy(copied, lab_args)  # in this process: torch is loaded already
     assert result["accuracy"] is None
     assert "not the state the observer saw on rank 0" in result["error"]
+
+
+@pytest.mark.xdist_group("ddp_lab")
+@pytest.mark.integration
+def test_every_rank_stamps_its_timeline_in_order_on_the_hosts_clock(ddp_lab):
+    """Where a run's time goes (`distlab grade --timings`): each rank stamps every milestone, in the order
+    they happen, on CLOCK_MONOTONIC (this process's time.monotonic() is the same clock, and later)."""
+    import time
+
+    from harness.on_ranks.observer.distlab_observer.fileformat import TIMELINE
+
+    observe_dir, _, _ = ddp_lab
+    ranks = observations.load(observe_dir).ranks
+    assert sorted(ranks) == [0, 1]
+    for rank in ranks.values():
+        assert list(rank.timeline) == list(TIMELINE)
+        stamps = [rank.timeline[milestone] for milestone in TIMELINE]
+        assert stamps == sorted(stamps) and stamps[-1] <= time.monotonic()

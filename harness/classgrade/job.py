@@ -44,7 +44,7 @@ from harness.classgrade.sandbox.monitor import Monitor, denials
 from harness.classgrade.sandbox.spec import REPOSITORY_PARTS, Spec, base_read_only
 from harness.classgrade.sandbox.uid import claim_uid, end_processes_of, remove_scratch
 from harness.console import printable
-from harness.grading import disk, stored
+from harness.grading import disk, stored, timings
 from harness.grading import samples as run_samples
 from harness.grading.execute import execute
 from harness.grading.plan import Cell, GradePlan, plan_grade
@@ -207,6 +207,7 @@ def progress_writer(fd: int) -> Callable[[dict[str, Any]], None]:
 
 
 def run_job(job_path: Path, progress_fd: int | None = None) -> int:
+    began = time.monotonic()  # where the job's time went: observations.json's "timings" (grading/timings.py)
     job = json.loads(job_path.read_text())
     folder = Path(job["folder"])
     limits = Limits(**job["limits"])
@@ -225,16 +226,21 @@ def run_job(job_path: Path, progress_fd: int | None = None) -> int:
                     own=[job["submission"]], cgroup_procs=cgroup.procs_files() if cgroup else [],
                     gpus=job.get("gpus"), mode=mode, job_folder=str(folder))
         prefix = enter.prefix(spec.write(folder / "sandbox.json"))
+    steps = {"sandbox_setup": time.monotonic() - began}
     grade_plan = plan_for(job, prefix)
+    steps["plan"] = time.monotonic() - began - steps["sandbox_setup"]
     done: dict[Cell, list[Sample]] = {}
     references: dict[Cell, list[Sample]] = {}
     if job["sandboxed"]:
         monitor = Monitor(cgroup, folder / "runs", limits, job["program"], scratch_uid=uid if mode == "uid" else None)
+        began_monitor = time.monotonic()
         monitor.start()
+        steps["sandbox_setup"] += time.monotonic() - began_monitor
     started = time.monotonic()
     try:
         execute(grade_plan, done, references, progress_writer(progress_fd) if progress_fd is not None else None)
     finally:
+        executed = time.monotonic()
         if monitor is not None:
             monitor.stop()
         if cgroup is not None:
@@ -248,6 +254,7 @@ def run_job(job_path: Path, progress_fd: int | None = None) -> int:
                 shutil.rmtree(folder / "submission", ignore_errors=True)
             if claim is not None:  # claimed with the uid
                 os.close(claim)
+    steps["sandbox_teardown"] = time.monotonic() - executed
     program_runs = _program_runs(done)
     if monitor is not None and any("timed out after" in (s.reason or "") for runs in done.values()
                                    for s in runs):
@@ -265,7 +272,11 @@ def run_job(job_path: Path, progress_fd: int | None = None) -> int:
                "peak_output_bytes": monitor.peak_bytes if monitor else None}
     files.write_json(folder / OBSERVATIONS, {
         "id": job["id"], "wall_seconds": time.monotonic() - started, "sandbox": account,
-        "done": stored.runs_to_json(done), "references": stored.runs_to_json(references)})
+        "done": stored.runs_to_json(done), "references": stored.runs_to_json(references),
+        # From this process's start of the job (its interpreter's start before it is not counted); judged later,
+        # in the grader's process (outcome.py): no judging here.
+        "timings": timings.grade_timings(timings.run_rows(done, references), steps, time.monotonic() - began,
+                                         sandbox=f"sandbox mode {mode}")})
     if not job.get("keep"):  # what a regrade judges is stored: the weights were read for it, and are no more
         disk.release_weights([Path(s.run_dir) for runs in (*done.values(), *references.values()) for s in runs],
                              folder)

@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from harness.commands import grade_options
 from harness.console import console, duration, print_json
-from harness.grading import disk, slurm
+from harness.grading import disk, slurm, timings
 from harness.grading.execute import execute
 from harness.grading.judge import Grade, run_grade
 from harness.grading.plan import GradePlan
 from harness.report import pages
+from harness.report.timings import timings_table
 from harness.run import slurm_array
 from harness.run.launch import dry_run
 from harness.run.run_dir import new_run_dir
@@ -46,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "listed with its sha256 in the report folder's weights.json)")
     parser.add_argument("--sbatch-arg", action="append", metavar="ARG",
                         help="--slurm: an sbatch option for the array, e.g. --sbatch-arg=--partition=cpu (repeatable)")
+    parser.add_argument("--timings", action="store_true",
+                        help="after the grade, where its time went: each run's phases (start, rendezvous, data, "
+                             "training, ...), the grade's own steps and what none accounts for (always in --json)")
 
 
 def show_plan(grade_plan: GradePlan) -> None:
@@ -64,9 +69,13 @@ def show_plan(grade_plan: GradePlan) -> None:
     sys.stdout.write("\n".join(lines) + "\n")
 
 
-def report(grade: Grade, as_json: bool = False, keep: bool = False) -> int:
+def report(grade: Grade, as_json: bool = False, keep: bool = False, show_timings: bool = False,
+           began: float | None = None) -> int:
     """The grade's report folder, its table on the terminal; exit 0 when every check passed. The runs'
-    weights and checkpoints, judged, are removed (grading/disk.py) unless `keep`."""
+    weights and checkpoints, judged, are removed (grading/disk.py) unless `keep`. `show_timings`: where
+    the grade's time went, as a table after it (grading/timings.py; in the JSON summary either way),
+    its wall time counted from `began` (time.monotonic() at the command's start)."""
+    writing = time.monotonic()
     grade_plan, profile = grade.plan, grade.plan.profile
     report_dir = new_run_dir(grade_plan.results_root, "grade", max(ws for _, ws in grade_plan.cells()), profile.name)
     summary = {"profile": profile.name, "provisional": profile.provisional, "profile_measured": profile.measured,
@@ -88,11 +97,17 @@ def report(grade: Grade, as_json: bool = False, keep: bool = False) -> int:
             console.print(f"removed {len(released['removed'])} weights file(s) of the judged runs, "
                           f"{released['bytes'] / 1e6:.0f} MB (--keep keeps them): {report_dir / disk.MANIFEST}",
                           markup=False)
+    grade.steps["write"] = time.monotonic() - writing
+    wall = time.monotonic() - began if began is not None else grade.wall_seconds + sum(grade.steps.values())
+    steps = {step: grade.steps[step] for step in timings.GRADE_STEPS if step in grade.steps}
+    spent = timings.grade_timings(timings.run_rows(grade.done, grade.references), steps, wall)
+    if show_timings:
+        console.print(timings_table(spent, f"distlab grade: {profile.name}, where the time went"))
     console.print(f"{'[red]FAILED[/red]' if grade.failed else '[green]passed[/green]'}: {grade.failed} failed "
                   f"check(s); {grade.runs} run(s) in {grade.wall_seconds:.0f} s, harness overhead {grade.overhead:.3f}")
     console.print(f"report: {paths['html']}  junit: {paths['junit']}", markup=False)
     if as_json:
-        print_json({**summary, "report": {kind: str(path) for kind, path in paths.items()},
+        print_json({**summary, "timings": spent, "report": {kind: str(path) for kind, path in paths.items()},
                     "failures": [v.to_dict() for v in grade.verdicts if v.passed is False]})
     if grade.interrupted is not None:
         raise grade.interrupted  # the CLI says so and exits 130 (Ctrl-C) or 128 + the signal
@@ -101,8 +116,10 @@ def report(grade: Grade, as_json: bool = False, keep: bool = False) -> int:
 
 def run(args: argparse.Namespace, lab_args: list[str]) -> int:
     """`distlab grade`: plan, execute, judge, report."""
+    began = time.monotonic()
     slurm_array.check_submit_host(args.slurm, args.sbatch_arg or [])
     grade_plan = grade_options.plan_from(args, args.profile)
+    planned = time.monotonic() - began
     if args.slurm:
         array = slurm.prepare(grade_plan, list(args.sbatch_arg or []))
         if args.dry_run:
@@ -119,4 +136,5 @@ def run(args: argparse.Namespace, lab_args: list[str]) -> int:
                   f"{grade_plan.planned_runs()} run(s) planned, about {duration(grade_plan.budget_s())} by the "
                   "profile's time budgets", markup=False)
     grade = run_grade(grade_plan, array.execute if args.slurm else execute)
-    return report(grade, args.json, args.keep)
+    grade.steps["plan"] = planned
+    return report(grade, args.json, args.keep, args.timings, began)

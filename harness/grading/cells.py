@@ -35,7 +35,7 @@ from pathlib import Path
 from harness.console import printable
 from harness.files import write_bytes
 from harness.grading import samples
-from harness.observe import accuracy, observations, resume
+from harness.observe import accuracy, observations, resume, timeline
 from harness.on_ranks.observer.distlab_observer.fileformat import STOP_AFTER_EPOCHS, STOPPED_DIR
 from harness.run.request import RunRequest
 from harness.run.run_dir import OBSERVE_DIR, RUN_DIR_PLACEHOLDER, new_run_dir
@@ -181,13 +181,16 @@ def stopped_and_resumed(exp: LabExpectation, request: RunRequest, evaluator: acc
                                     extra_env={**request.extra_env, STOP_AFTER_EPOCHS: str(exp.stop_after_epochs)})
     result = run_lab(restarted, echo=False, on_line=on_line)
     sample = samples.observed_sample(result, exp, restarted, evaluator)
+    observe_dir = result.run_dir / OBSERVE_DIR
+    first = observations.load(uninterrupted.run_dir / OBSERVE_DIR)
+    stopped, resumed = observations.load(observe_dir / STOPPED_DIR), observations.load(observe_dir)
     if not uninterrupted.ok:
         check = resume.not_comparable(f"the uninterrupted run failed ({uninterrupted.reason})")
     else:
-        observe_dir = result.run_dir / OBSERVE_DIR
-        check = resume.check_resume(observations.load(uninterrupted.run_dir / OBSERVE_DIR),
-                                    observations.load(observe_dir / STOPPED_DIR), observations.load(observe_dir),
-                                    exp.stop_after_epochs)
+        check = resume.check_resume(first, stopped, resumed, exp.stop_after_epochs)
     sample.observed.append(check.to_dict())
     sample.wall_seconds += uninterrupted.wall_seconds
+    # Both launches' phases summed; the restart's from its stopped attempt's milestones and then the resumed one's.
+    sample.phases = timeline.add(timeline.run_phases(result, stopped, resumed),
+                                 timeline.run_phases(uninterrupted, first))
     return sample

@@ -11,7 +11,7 @@ from harness.console import run_progress
 from harness.grading import samples
 from harness.grading.cells import run_cell
 from harness.grading.plan import Cell, GradePlan
-from harness.observe import accuracy
+from harness.observe import accuracy, timeline
 from harness.run.request import RunRequest
 from harness.run.runner import run_lab
 from harness.run.state import RunResult
@@ -63,14 +63,15 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
         def one_run(label: str, request: RunRequest, exp: LabExpectation | None = None,
                     metric_name: str = "") -> Sample:
             progress.started(label)
+            began = time.monotonic()
             if exp is not None and exp.cell != "one-host":  # two hosts, or stopped and resumed (cells.py)
-                sample = run_cell(exp, request, evaluator, progress.line)
+                sample = evaluated(run_cell(exp, request, evaluator, progress.line), began)
                 progress.ended(f"{sample.status} in {sample.wall_seconds:.0f} s" + (f": {sample.reason}"
                                                                                    if sample.reason else ""))
                 return sample
             result = start(request, echo=False, on_line=progress.line)
-            sample = samples.observed_sample(result, exp, request, evaluator) if exp else \
-                samples.reference_sample(result, metric_name)
+            sample = evaluated(samples.observed_sample(result, exp, request, evaluator) if exp else
+                               samples.reference_sample(result, metric_name), began)
             if exp is not None and (said := samples.raised_by_the_program(result)):
                 raised[sample.run_dir] = said
             progress.ended(f"ok in {result.wall_seconds:.0f} s" if result.ok else f"FAILED: {result.reason}")
@@ -117,6 +118,13 @@ def execute(grade_plan: GradePlan, done: dict[Cell, list[Sample]],
                         done[lab, ws].append(one_run(label, asked, expectation))
                 pair_s = time.monotonic() - started
                 spent += pair_s
+
+
+def evaluated(sample: Sample, began: float) -> Sample:
+    """The sample with the harness's own time on it past its launches' phases (timeline.EVALUATE): its
+    observations read, its weights evaluated, its checks; for a cell of its own, the namespaces made too."""
+    sample.phases[timeline.EVALUATE] = max(0.0, time.monotonic() - began - sum(sample.phases.values()))
+    return sample
 
 
 def undecided(grade_plan: GradePlan, cell: Cell, done: dict[Cell, list[Sample]],

@@ -38,6 +38,8 @@ class Grade:
     verdicts: list[Verdict] = field(default_factory=list)
     wall_seconds: float = 0.0
     interrupted: KeyboardInterrupt | None = None  # Ctrl-C or SIGTERM: the verdicts cover what finished
+    # Seconds of the grade's own steps outside its runs (grading/timings.GRADE_STEPS): where its time went.
+    steps: dict[str, float] = field(default_factory=dict)
 
     @property
     def runs(self) -> int:
@@ -63,6 +65,7 @@ def run_grade(grade_plan: GradePlan, execute_cells: Executor = execute) -> Grade
         grade.interrupted = stop
     grade.wall_seconds = time.monotonic() - started
     grade.verdicts = judge(grade_plan, grade.done, grade.references)
+    grade.steps["judge"] = time.monotonic() - started - grade.wall_seconds
     if grade.interrupted is not None:
         planned = sum(grade_plan.runs(lab) for lab, _ in grade_plan.cells())
         grade.verdicts.append(Verdict("grade", None, "completed", f"interrupted after {grade.runs} run(s)",

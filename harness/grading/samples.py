@@ -17,7 +17,7 @@ from pathlib import Path
 from harness import files
 from harness.catalog import LABS
 from harness.console import printable
-from harness.observe import accuracy, data_parallel, observations
+from harness.observe import accuracy, data_parallel, observations, timeline
 from harness.on_ranks.observer.distlab_observer.fileformat import RANK_WEIGHTS_FILE
 from harness.run.accounting import failing_rank_exception, rank_logs_in
 from harness.run.request import RunRequest
@@ -81,6 +81,7 @@ def sample_of(result: RunResult) -> Sample:
     sample = Sample(str(result.run_dir), result.status, result.reason, result.wall_seconds, result.record,
                     cpu=result.cpu)
     sample.untrusted = inspect_run_dir(result.run_dir) if result.run_dir.is_dir() else []
+    sample.phases = timeline.run_phases(result)  # the harness's stamps only, until observations are read
     return sample
 
 
@@ -98,6 +99,7 @@ def timed(result: RunResult, metric_name: str, more_dirs: list[Path] | None = No
         sample.untrusted += inspect_run_dir(other.parent)
     if metric_name == "img_per_sec" and not tampers_with_the_grader(sample.untrusted):
         seen = observations.merge([observe_dir, *more_dirs]) if more_dirs else observations.load(observe_dir)
+        sample.phases = timeline.run_phases(result, seen)
         slowed = observations.clock_disagreement(seen)
         sample.measured[metric_name] = rate = None if slowed else observations.throughput(seen)
         sample.start_up = observations.start_up(seen, sample.wall_seconds)
@@ -140,6 +142,7 @@ def observed_sample(result: RunResult, exp: LabExpectation, request: RunRequest,
     if measurement.get("error"):
         sample.measure_errors[exp.accuracy_metric] = measurement["error"]
     seen = observations.merge([observe_dir, *more_dirs]) if more_dirs else observations.load(observe_dir)
+    sample.phases = timeline.run_phases(result, seen)
     if measurement.get("error") is None and measurement.get("own_models") is None:
         drop_copies_of_rank0(seen)
     checks = data_parallel.checks(seen, request.backend, request.world_size,

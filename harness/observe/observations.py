@@ -89,6 +89,9 @@ class RankObservation:
     # Why its pass records cannot be taken as observed (`verify_passes`: a pass changed after its line was
     # streamed, or no line came for it); None: each matched its line, or no lines were collected at all.
     passes_unverified: str | None = None
+    # When the rank reached each milestone of fileformat.TIMELINE, on the host's CLOCK_MONOTONIC (observe/timeline.py);
+    # empty where its observer did not stamp them.
+    timeline: dict[str, float] = field(default_factory=dict)
 
     @property
     def training_epochs(self) -> list[LoaderPass]:
@@ -188,7 +191,7 @@ def load(observe_dir: Path | str) -> Observations:
                         for i, p in enumerate(data["loader_passes"])],
                 saves=data["saves"], model=data["model"], errors=data["errors"], stopped=data.get("stopped"),
                 loads=data.get("loads", []), libraries=data.get("libraries") or {},
-                training=data.get("training"))
+                training=data.get("training"), timeline=data.get("timeline") or {})
             if streamed is not None:
                 observations.ranks[rank].passes_unverified = verify_passes(data, streamed, observations.problems)
         except (OSError, ValueError, KeyError, TypeError) as error:

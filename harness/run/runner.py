@@ -27,6 +27,7 @@ and the accounting (accounting.py: hangs.py, epochs.py, record.py).
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Callable
 
@@ -52,6 +53,7 @@ def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], Non
     reported in run.json and raised as HarnessError.
     """
     request.validate()
+    began = time.monotonic()
     with StopSignals() as caught:
         run = _prepare(request)
         outcome = Outcome()
@@ -60,6 +62,9 @@ def run_lab(request: RunRequest, echo: bool = True, on_line: Callable[[str], Non
             result = account(run, outcome)
         except Exception as error:  # a bug or a broken environment: the run still ends accounted for
             result = account_harness_error(run, outcome, error)
+        if outcome.launched is not None:  # where the run's time went (observe/timeline.py)
+            result.stamps = {"began": began, "launched": outcome.launched,
+                             "exited": outcome.launched + outcome.wall, "accounted": time.monotonic()}
         signum = caught.signum
     if signum is not None:
         raise RunStopped(signum)

@@ -27,6 +27,9 @@ class RunResult:
     # The CPUs the run had, as the harness counted and measured them (accounting.cpu_account):
     # ranks and threads here, the cores that were ours, and what other processes used of them.
     cpu: dict[str, Any] | None = None
+    # When run_lab began, launched the launcher, saw it end and had accounted for the run, in seconds of
+    # time.monotonic() (CLOCK_MONOTONIC: the ranks' timeline is stamped on the same clock; observe/timeline.py).
+    stamps: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -64,3 +67,4 @@ class Outcome:
     others_cores: float | None = None  # the cores other processes kept busy meanwhile (cpu_time.py)
     steal_cores: float | None = None  # the cores a hypervisor took from ours meanwhile (cpu_time.py)
     run_queue: float | None = None  # the host's runnable tasks, mean of samples while it ran (cpu_time.RunQueue)
+    launched: float | None = None  # time.monotonic() just before the launcher started (its wall time counts from it)

@@ -50,7 +50,7 @@ def launch_and_wait(run: PreparedRun, outcome: Outcome, caught: StopSignals, ech
     processes = RunProcesses(run.run_id)
     clock = cpu_time.read_clock()
     queue = cpu_time.RunQueue()
-    started = time.monotonic()
+    started = outcome.launched = time.monotonic()
     pump = process = None
     try:
         with subreaper():

@@ -61,6 +61,8 @@ class Sample:
     untrusted: list[str] = field(default_factory=list)
     cpu: dict[str, Any] | None = None  # the run's CPUs as the harness saw them (run/accounting.py, cpu_account)
     start_up: str = ""  # what took its time before training, as observed (observe/observations.start_up)
+    # Where the run's time went: seconds per phase (observe/timeline.py), for the user, never for a verdict.
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def is_lesson(verdict: Verdict) -> bool:

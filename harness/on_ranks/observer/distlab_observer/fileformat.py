@@ -19,6 +19,16 @@ RANK_WEIGHTS_FILE = "final_weights.{rank}.pt"  # another rank's: where the repli
 # A launched rank that spawned processes itself (mp.spawn under torchrun), noted at the call (libraries.py).
 SPAWN_FILE = "spawn.{pid}.json"
 SPAWN_FILES = "spawn.*.json"
+# Each rank's timeline (rank file's "timeline"): when it reached each of these milestones, in seconds of
+# CLOCK_MONOTONIC (originals._stamp), the first time for each but "last_step" (the last optimizer step).
+# For the user's information (where a run's time goes: harness/observe/timeline.py), never for a verdict.
+TIMELINE = ("observer_loaded",  # sitecustomize ran: the interpreter has started, torch not yet imported
+            "torch_imported",  # torch's module has executed (its import, the rank's heaviest start-up cost)
+            "process_group_called",  # init_process_group (or hvd.init) called: the program's own imports are done
+            "process_group",  # init_process_group (or hvd.init) returned: the rendezvous is done
+            "first_batch",  # a loader handed the program its first batch
+            "last_step",  # the last optimizer step returned
+            "exit")  # the observer's exit handler began: the program is done, its files are written next
 # A resume cell (harness/grading/cells.py) stops every rank of the first attempt once this many
 # training epochs are done (environment, read by the observer), at the first optimizer step of the
 # next; that attempt's observations go to STOPPED_DIR and the ranks exit with STOP_EXIT_CODE, which

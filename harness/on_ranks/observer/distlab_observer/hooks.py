@@ -33,6 +33,7 @@ class Hooks(Output):
     """The hooks of the observer (Observer's: observer.py)."""
 
     def on_torch(self, torch: Any) -> None:
+        self.reached("torch_imported")  # before our own hooks: their cost is the observer's, not torch's
         self.torch = torch
         self._original_save = torch.serialization.save  # final_weights.pt is not the program's save
         for what, hook in (("process group hook", self._hook_process_group), ("data hook", self._hook_data),
@@ -52,7 +53,9 @@ class Hooks(Output):
 
         @functools.wraps(original)
         def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            self.reached("process_group_called")
             result = original(*args, **kwargs)
+            self.reached("process_group")
             self.guard("init_process_group", self._note_torch_group, "init_process_group")
             return result
 
@@ -76,7 +79,9 @@ class Hooks(Output):
 
         @functools.wraps(original)
         def init(*args: Any, **kwargs: Any) -> Any:
+            self.reached("process_group_called")
             result = original(*args, **kwargs)
+            self.reached("process_group")
             self.guard("hvd.init", self._note_horovod_group, hvd, "hvd.init")
             return result
 
@@ -149,6 +154,7 @@ class Hooks(Output):
         if current is not None and not current[1].announced:  # an ended pass's record stays as streamed
             current[1].steps_end = self.steps
             if yielded:
+                self.reached("first_batch")
                 current[1].yielded_batch()
                 current[1].batch_rows = self.guard("batch rows", batch_rows, self.torch, batch)
                 self.last_batch_from = current[1]
@@ -170,6 +176,7 @@ class Hooks(Output):
             if self.step_depth > 0:
                 return
             self.steps += 1
+            self.reached("last_step", again=True)
             if self.last_batch_from is not None:  # the step trained on that pass's batches
                 # On a GPU the step is only queued when step() returns: wait for it, so that its time is
                 # when the GPU finished it (estimated cost: the CPU no longer queues the next step while

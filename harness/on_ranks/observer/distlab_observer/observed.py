@@ -48,6 +48,9 @@ class Observed:
         # that is no longer ours is an error of the observer's (its evidence stopped there), never a pass.
         self.hooks: list[tuple[str, Callable[[], Any], Any]] = []
         self.paused = 0.0  # seconds the observer spent digesting parameters between steps
+        # When this process reached each milestone of fileformat.TIMELINE (originals._stamp): where its time went.
+        self.timeline: dict[str, float] = {}
+        self.reached("observer_loaded")
 
     # ------------------------------------------------------------------------------------- errors
 
@@ -73,6 +76,11 @@ class Observed:
         """The observer's clock less the time it spent on its own digests: the harness times the
         program's training, not the observer (a ResNet-18's digest is some 0.1 s on a CPU)."""
         return originals._clock() - self.paused
+
+    def reached(self, milestone: str, again: bool = False) -> None:
+        """Stamp a milestone of fileformat.TIMELINE the first time (every time with `again`: the last counts)."""
+        if again or milestone not in self.timeline:
+            self.timeline[milestone] = originals._stamp()
 
     # ----------------------------------------------------------------------------------- at exit
 

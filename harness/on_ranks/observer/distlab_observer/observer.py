@@ -35,6 +35,11 @@ The observer's clock (time.perf_counter) and the os functions it reads /proc wit
 this module loads (originals.py, which it imports), before the program's first line: a program that
 slows time.perf_counter slows its own timing, not the harness's.
 
+Where the time goes (issue 51): the process's timeline, when it reached each of fileformat.TIMELINE's
+milestones (observer loaded, torch imported, init_process_group called and returned, first batch, last
+step, exit), on the host's CLOCK_MONOTONIC (originals._stamp), which the harness compares with its own
+stamps around the launch (harness/observe/timeline.py); for the user's information, never for a verdict.
+
 A resume cell asks the first attempt to stop (fileformat.STOP_AFTER_EPOCHS): once that many
 training epochs are done, at the first optimizer step of the next, the observer writes this
 attempt's observations to <directory>/stopped/ and ends the rank (fileformat.STOP_EXIT_CODE), as a
@@ -42,7 +47,8 @@ failure would; torchrun then starts every rank again, and the program resumes fr
 
 Everything goes to <directory>/rank.<r>.json at exit, written atomically; nothing is written per step
 (a line per loader pass on stderr, above).
-The hooks cost a list append per batch, a clock read and two array appends per step. Any failure of
+The hooks cost a list append per batch, two clock reads and two array appends per step (the second
+read: the timeline's last step, below). Any failure of
 the observer is caught and written to <directory>/observer-errors.<pid>.txt: the program runs as it
 would without it.
 The file names and the schema's name are fileformat.py's; the digests (digests.py) are shared with

@@ -43,6 +43,7 @@ class Output(Observed):
 
     def finish(self) -> None:
         """At exit: the final model, then rank.<r>.json. Processes that observed nothing write nothing."""
+        self.reached("exit")
         try:
             if not (self.process_groups or self.passes or self.steps or self.saves):
                 return  # a launcher, a DataLoader worker, a helper process
@@ -65,6 +66,7 @@ class Output(Observed):
                 "stopped": self.stopped,
                 "libraries": self.guard("libraries", self.libraries.to_json),
                 "training": self.guard("training evidence", self._training_evidence),
+                "timeline": self.timeline,
             }
             _write_atomically(os.path.join(directory, RANK_FILE.format(rank=rank)), _json_bytes(observed))
         except Exception as error:  # noqa: BLE001
