@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from rich.console import Console
+
 from harness.commands import grade_options
 from harness.console import console, duration, print_json
 from harness.grading import disk, slurm, timings
@@ -102,7 +104,11 @@ def report(grade: Grade, as_json: bool = False, keep: bool = False, show_timings
     steps = {step: grade.steps[step] for step in timings.GRADE_STEPS if step in grade.steps}
     spent = timings.grade_timings(timings.run_rows(grade.done, grade.references), steps, wall)
     if show_timings:
-        console.print(timings_table(spent, f"distlab grade: {profile.name}, where the time went"))
+        table = timings_table(spent, f"distlab grade: {profile.name}, where the time went")
+        # Not on a terminal (a log, CI), rich assumes 80 columns and would cut every phase to "…": the
+        # table gets the width it needs there (print's width= can only narrow a console).
+        wide = console.measure(table, options=console.options.update_width(1000)).maximum
+        (console if console.is_terminal else Console(file=console.file, width=wide, highlight=False)).print(table)
     console.print(f"{'[red]FAILED[/red]' if grade.failed else '[green]passed[/green]'}: {grade.failed} failed "
                   f"check(s); {grade.runs} run(s) in {grade.wall_seconds:.0f} s, harness overhead {grade.overhead:.3f}")
     console.print(f"report: {paths['html']}  junit: {paths['junit']}", markup=False)
