@@ -22,6 +22,7 @@ from harness.classgrade import account, outputs, platforms, rubric
 from harness.classgrade.account import Outcome
 from harness.classgrade.feedback import feedback_html, feedback_markdown
 from harness.classgrade.outcome import ending_of, ran_to_its_checks
+from harness.verdict import evaluate
 from harness.verdict.verdicts import LESSON, Sample, Verdict
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures/classgrade/crash-rank1"
@@ -178,3 +179,21 @@ def test_a_failed_check_that_ended_the_labs_run_is_the_cause_and_the_speed_it_le
                                                      "(see What to fix)"), told.reasons
     assert outputs.failed_checks([bob]) == {"observed:order_changes_per_epoch": 1}
     assert "Look for work in the step loop" not in json.dumps(platforms.gradescope_results(bob, shipped))
+
+
+def test_the_course_lab_in_the_class_profile_earns_every_point_though_the_two_host_cell_cannot_run():
+    """cpu-class in the class sandbox: the two-host cell is "not run" (the sandbox's network is loopback
+    only). The course lab's real verdicts (fixtures/classgrade/course-lab-cpu-class) earn all 16 points:
+    a cell that cannot run here is no run that ended badly, so "an honest record" (paid only when every
+    run ends well, for no claim found false) pays. It lost its point before. A cell the grade was
+    stopped before is no run that ended well: there the item still pays nothing."""
+    shipped = rubric.load()
+    stored = json.loads((FIXTURE.parent / "course-lab-cpu-class/verdicts.json").read_text())
+    verdicts = [Verdict(**v) for v in stored["verdicts"]]
+    not_run = [v for v in verdicts if v.check == "run" and v.passed is None]
+    assert [(v.lab, v.measured) for v in not_run] == [("ddp-two-hosts", "not run")], not_run
+    scores = {s.item.name: s.score for s in shipped.score(verdicts)}
+    assert sum(scores.values()) == shipped.max_score == 16 and scores["an honest record"] == 1, scores
+    stopped = [v if v not in not_run else Verdict(v.lab, v.world_size, "run", "not run", "all ok", None,
+                                                  evaluate.NO_RUN_ENDED) for v in verdicts]
+    assert {s.item.name: s.score for s in shipped.score(stopped)}["an honest record"] == 0

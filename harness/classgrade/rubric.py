@@ -38,9 +38,10 @@ from typing import Any
 
 from harness.classgrade.sandbox.limits import GIB, Limits
 from harness.usage import UsageError
+from harness.verdict.evaluate import NO_RUN_ENDED
 from harness.verdict.profiles import tomllib
 from harness.verdict.speed import NOT_COMPARABLE
-from harness.verdict.verdicts import Verdict, is_lesson
+from harness.verdict.verdicts import NOT_RUN, Verdict, is_lesson
 
 DEFAULT = Path(__file__).resolve().parent / "rubrics" / "ddp.toml"
 # Gradescope's four (its results.json uses the same words): after_published items are shown once staff
@@ -110,7 +111,9 @@ class Rubric:
             passed = sum(bool(v.passed) for v in judged)
             incomparable = tuple(v for v in found if v.measured == NOT_COMPARABLE)
             if not judged:
-                runs = [v for v in verdicts if v.check == "run"]
+                # A cell that cannot run here (the two-host cell in the class sandbox) is no run that ended
+                # badly; one the grade was stopped before is (nothing of it was seen to end well).
+                runs = [v for v in verdicts if v.check == "run" and (v.measured != NOT_RUN or v.detail == NO_RUN_ENDED)]
                 # A lesson was judged, at no cost: its item's points are kept. So are a speed item's that
                 # the machine could not judge: the grader never takes points for its own machine's load.
                 earned = item.points if lessons or incomparable or (

@@ -102,12 +102,15 @@ def required_checks(samples: list[Sample], observed: bool) -> list[str]:
     return [] if observed else sorted({name for s in samples for name in (s.record or {}).get("checks", {})})
 
 
+NO_RUN_ENDED = "no run of this cell ended"  # a run verdict's detail where the grade stopped before one did
+
+
 def evaluate_cell(exp: LabExpectation, world_size: int, samples: list[Sample],
                   reference: float | None = None) -> list[Verdict]:
     """Everything checked on the runs of one lab at one world size (`reference`: see band_verdict)."""
     lab = exp.lab
     if not samples:  # a grade stopped (Ctrl-C) before any run of this cell ended: nothing to judge
-        return [Verdict(lab, world_size, "run", NOT_RUN, "all ok", None, "no run of this cell ended")]
+        return [Verdict(lab, world_size, "run", NOT_RUN, "all ok", None, NO_RUN_ENDED)]
     if all(s.status == NOT_RUN for s in samples):  # nothing ran: one row says why, judged n/a
         return [Verdict(lab, world_size, "run", NOT_RUN, "all ok", None, samples[0].reason or "")]
     failed = [s for s in samples if s.status != "ok"]
