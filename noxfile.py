@@ -388,7 +388,7 @@ def mutations(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend="none", requires=["env"], default=False)
-@nox.parametrize("what", ["train", "allreduce", "verdict", "class"])
+@nox.parametrize("what", ["train", "allreduce", "verdict", "class", "submission"])
 def bench(session: nox.Session, what: str) -> None:
     """Benchmarks that print ratios measured side by side in one run."""
     _run_in_env(session, "distlab", "bench", what, *session.posargs)

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from harness.observe import accuracy
 from harness.verdict.evaluate import evaluate_across, evaluate_cell
 from harness.verdict.expectations import Band, LabExpectation
 from harness.verdict.speed import NOT_COMPARABLE, speed_not_judged, unjudged
 from harness.verdict.verdicts import Sample
-from labs.common.host import Cores, cgroup_cpu_quota, usable_cores
+from labs.common.host import Cores, cgroup_cpu_quota, own_memory_limit, tightest_memory_limit, usable_cores
 
 ROOT = Path(__file__).resolve().parent.parent
 ASK = ("import json, dataclasses; from labs.common.host import usable_cores; "
@@ -97,6 +98,28 @@ def test_no_quota_leaves_affinity_and_the_host(tmp_path, proc_lines, files):
 
 def test_no_proc_self_cgroup_is_no_quota(tmp_path):
     assert cgroup_cpu_quota(tmp_path, tmp_path / "absent") == ("", None)
+
+
+def test_the_tightest_memory_limit_is_the_least_on_the_way_up(tmp_path):
+    # A class job's own group (8 GiB) inside a container of 2 GiB: the container's binds (v1, a host's path).
+    root, proc = hierarchy(tmp_path, ["4:memory:/box/job", "0::/"], {
+        "memory/memory.limit_in_bytes": "9223372036854771712\n",
+        "memory/box/memory.limit_in_bytes": f"{2 << 30}\n",
+        "memory/box/job/memory.limit_in_bytes": f"{8 << 30}\n"})
+    assert tightest_memory_limit(root, proc) == 2 << 30
+    assert own_memory_limit(root, proc) == 8 << 30  # the job's own group's (read under the memory hierarchy)
+    root2, proc2 = hierarchy(tmp_path / "v2", ["0::/a/b"], {"a/memory.max": f"{3 << 30}\n", "a/b/memory.max": "max\n"})
+    assert tightest_memory_limit(root2, proc2) == 3 << 30
+    root3, proc3 = hierarchy(tmp_path / "none", ["0::/"], {"memory.max": "max\n"})
+    assert tightest_memory_limit(root3, proc3) is None
+
+
+def test_the_evaluator_waits_beside_the_runs_only_where_memory_allows():
+    """Measured (accuracy.KEEP_WARM_BYTES): kept warm, a two-rank grade needed 2.5 GB; ended after each
+    answer, 2 GB and 1.5 GB held. No limit: warm."""
+    assert accuracy.keeps_warm(3 << 30) and accuracy.keeps_warm(accuracy.KEEP_WARM_BYTES)
+    assert not accuracy.keeps_warm(2 << 30) and not accuracy.keeps_warm(768 << 20)
+    assert accuracy.Evaluator(warm=False).warm is False and accuracy.Evaluator(warm=True).warm is True
 
 
 def test_the_fewest_names_the_limit():

@@ -361,6 +361,9 @@ def test_harness_measures_the_accuracy_itself(ddp_lab, tmp_path):
         assert evaluator.process.pid != first
         last = evaluator.process
     assert last.returncode == 0 and evaluator.process is None  # closed: it ended at the end of its input
+    # Where memory is short (accuracy.keeps_warm), one process per answer: the same answer, none left waiting.
+    with accuracy.Evaluator(timeout_s=TIMEOUT_S, warm=False) as cold:
+        assert cold.measure(observe_dir, lab_args) == measured and cold.process is None
     assert measured["weights_sha256"] == measured["observed_sha256"]
     assert measured["total"] == 128
     claimed = record["metrics"]["final_accuracy"]

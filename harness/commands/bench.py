@@ -13,7 +13,9 @@ EXAMPLES = """examples:
   distlab bench allreduce --world-size 2
   distlab bench verdict --grades 5 --loads 0,2,4,8,16
   distlab bench robustness --profile cpu-smoke --conditions 1,5,9
-  distlab bench class --keep /tmp/class"""
+  distlab bench class --keep /tmp/class
+  distlab bench submission --against v0.1.0 --repeats 3
+  distlab bench submission --profile cpu-smoke --world-sizes 2 --cpus 0.5 --memory 768M"""
 
 BENCHES = {  # name: (module, what it measures in one line)
     "train": ("harness.benchmarks.train",
@@ -23,6 +25,9 @@ BENCHES = {  # name: (module, what it measures in one line)
                 "speed verdicts under load: the DDP lab, a twice-slower one, the all-reduce bench"),
     "robustness": ("harness.benchmarks.robustness", "a profile graded under nine conditions: the smallest margins"),
     "class": ("harness.benchmarks.grade_class", "a class of known submissions graded side by side: time, sandbox cost"),
+    "submission": ("harness.benchmarks.submission",
+                   "one submission's grade in a box of given CPUs and memory, beside an earlier commit's: "
+                   "seconds, peak memory"),
 }
 
 

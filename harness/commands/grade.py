@@ -12,6 +12,7 @@ launchers, one run directory each). `--slurm` runs the cells as a Slurm job arra
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -20,6 +21,7 @@ from rich.console import Console
 
 from harness.commands import grade_options
 from harness.console import console, duration, print_json
+from harness.files import write_json
 from harness.grading import disk, slurm, timings
 from harness.grading.execute import execute
 from harness.grading.judge import Grade, run_grade
@@ -103,6 +105,9 @@ def report(grade: Grade, as_json: bool = False, keep: bool = False, show_timings
     wall = time.monotonic() - began if began is not None else grade.wall_seconds + sum(grade.steps.values())
     steps = {step: grade.steps[step] for step in timings.GRADE_STEPS if step in grade.steps}
     spent = timings.grade_timings(timings.run_rows(grade.done, grade.references), steps, wall)
+    # In the report folder's summary.json too, for a grade read later (written once the writing is timed).
+    stored = report_dir / "summary.json"  # the harness's own file: no bound needed
+    write_json(stored, {**json.loads(stored.read_text()), "timings": spent})
     if show_timings:
         table = timings_table(spent, f"distlab grade: {profile.name}, where the time went")
         # Not on a terminal (a log, CI), rich assumes 80 columns and would cut every phase to "…": the

@@ -13,6 +13,7 @@ import platform
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,7 +108,7 @@ def own_cgroup_file(controller: str, name: str, cgroup_root: Path = CGROUP_ROOT,
     for _, controllers, path in own_cgroups(proc_cgroup):
         for each in controllers.split(",") if controllers else [""]:
             own[each] = path.lstrip("/")
-    for folder in ([cgroup_root / own.get(controller, ""), cgroup_root / controller] if controller else
+    for folder in ([cgroup_root / controller / own.get(controller, ""), cgroup_root / controller] if controller else
                    [cgroup_root / own.get("", ""), cgroup_root]):
         if (folder / name).is_file():
             return folder / name
@@ -143,6 +144,22 @@ def own_memory_limit(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_S
         if value is not None and value < UNLIMITED:
             return value
     return None
+
+
+def tightest_memory_limit(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGROUP) -> int | None:
+    """The least memory limit of this process's group and the groups above it (a job's own group may
+    allow more than the container it lies in): v1's memory hierarchy, else v2's; None: no limit."""
+    def read(name: str) -> Callable[[Path], int | None]:
+        return lambda folder: (value if (value := cgroup_number(folder / name)) is not None and value < UNLIMITED
+                               else None)
+
+    for _hierarchy, controllers, path in own_cgroups(proc_cgroup):
+        if "memory" in controllers.split(",") and (cgroup_root / "memory").is_dir():
+            found = _smallest(cgroup_root / "memory", path, read("memory.limit_in_bytes"))
+            return int(found) if found is not None else None
+    v2 = next((path for hierarchy, controllers, path in own_cgroups(proc_cgroup) if hierarchy == "0"), None)
+    found = _smallest(cgroup_root, v2, read("memory.max")) if v2 is not None else None
+    return int(found) if found is not None else None
 
 
 def own_memory_account(cgroup_root: Path = CGROUP_ROOT, proc_cgroup: Path = PROC_SELF_CGROUP) -> dict[str, Any]:
