@@ -56,9 +56,10 @@ def test_the_bundle_holds_the_scripts_the_config_and_the_harness(built):
     modes = {info.filename: info.external_attr >> 16 for info in archive.infolist()}
     assert modes["setup.sh"] == modes["run_autograder"] == 0o755 and modes["autograder.json"] == 0o644
     config = json.loads(archive.read("autograder.json"))
-    # cpu-smoke's ddp row at two ranks, one CPU each; the rubric's 14 points; Gradescope's 10 minutes.
+    # cpu-smoke's ddp row at two ranks; the smallest box measured (half a CPU, 1.5 GB), a CPU a rank for
+    # the speed to be judged; the rubric's points; Gradescope's 10 minutes.
     assert (config["lab"], config["profile"], config["world_sizes"]) == ("ddp", "cpu-smoke", [2])
-    assert config["needs"]["cpus"] == 2 and config["needs"]["memory_bytes"] >= 2 << 30
+    assert config["needs"] == {"cpus": 0.5, "memory_bytes": 3 << 29, "speed_cpus": 2}
     assert config["max_score"] == rubric.load().max_score and config["timeout_s"] == 600
     assert config["lessons"] == LESSONS
     with tarfile.open(fileobj=io.BytesIO(archive.read("distlab.tar"))) as tar:
@@ -146,10 +147,13 @@ def test_the_cpus_and_memory_are_the_container_s_cgroup_v1_limits(monkeypatch, t
 
 
 def test_too_few_resources_is_one_line_that_names_what_to_select():
-    line = gradescope.short_of({"cpus": 2, "memory_bytes": 3 << 30}, 0.5, 768 << 20)
+    needs = {"cpus": 0.5, "memory_bytes": 3 << 29, "speed_cpus": 2}  # the bundle's at two ranks
+    line = gradescope.short_of(needs, 0.5, 768 << 20)  # Gradescope's default box
     assert line is not None and "\n" not in line
-    assert "given 0.5 CPU(s) and 0.75 GB" in line and "select at least 2 CPUs and 3 GB of memory" in line
-    assert gradescope.short_of({"cpus": 2, "memory_bytes": 3 << 30}, 2.0, 4 << 30) is None
+    assert "given 0.75 GB and 0.5 CPU(s)" in line and "select at least 1.5 GB of memory and 0.5 CPU(s)" in line
+    assert line.endswith("(2 CPUs for its speed to be judged).")
+    assert gradescope.short_of(needs, 0.5, 3 << 29) is None  # the smallest box grades; speed not comparable
+    assert gradescope.short_of(needs, 2.0, 4 << 30) is None
 
 
 # ----------------------------------------------------------------- the grading step, on its layout
@@ -183,7 +187,7 @@ def test_too_few_resources_grade_nothing_and_say_so(tmp_path, built):
     done, results = grading_step(root)
     assert done.returncode == 0
     assert results["extra_data"]["distlab"]["status"] == "resources" and results["score"] == 0.0
-    assert "select at least 4096 CPUs" in results["output"] and "\n" not in results["output"]
+    assert "and 4096 CPU(s)." in results["output"] and "\n" not in results["output"]
     assert results["tests"][0]["tags"] == ["resources"] and isinstance(results["execution_time"], int)
     assert not (root / "work").exists()  # nothing was run
 

@@ -23,7 +23,14 @@ from harness.verdict.evaluate import evaluate_across, evaluate_cell
 from harness.verdict.expectations import Band, LabExpectation
 from harness.verdict.speed import NOT_COMPARABLE, speed_not_judged, unjudged
 from harness.verdict.verdicts import Sample
-from labs.common.host import Cores, cgroup_cpu_quota, own_memory_limit, tightest_memory_limit, usable_cores
+from labs.common.host import (
+    Cores,
+    cgroup_cpu_quota,
+    cpu_quota_settings,
+    own_memory_limit,
+    tightest_memory_limit,
+    usable_cores,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 ASK = ("import json, dataclasses; from labs.common.host import usable_cores; "
@@ -112,6 +119,15 @@ def test_the_tightest_memory_limit_is_the_least_on_the_way_up(tmp_path):
     assert tightest_memory_limit(root2, proc2) == 3 << 30
     root3, proc3 = hierarchy(tmp_path / "none", ["0::/"], {"memory.max": "max\n"})
     assert tightest_memory_limit(root3, proc3) is None
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_quota_written_is_the_quota_read_back(tmp_path, version):
+    """cpu_quota_settings (a benchmark's box) writes what cgroup_cpu_quota reads: half a CPU is half a CPU."""
+    folder = "cpu/box" if version == 1 else "box"
+    files = {f"{folder}/{name}": value for name, value in cpu_quota_settings(0.5, version).items()}
+    root, proc = hierarchy(tmp_path, ["1:cpu:/box"] if version == 1 else ["0::/box"], files)
+    assert cgroup_cpu_quota(root, proc)[1] == 0.5
 
 
 def test_the_evaluator_waits_beside_the_runs_only_where_memory_allows():

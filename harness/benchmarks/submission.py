@@ -7,7 +7,7 @@ with this checkout and with an earlier commit's (--against REV, checked out besi
 same Python and packages), --repeats times each, and prints per version the seconds per submission
 (median and range), the grade's status and score, and the peak memory of everything the grade ran.
 
-Each grade runs in a cgroup of its own (root: v2, else v1's cpu and memory hierarchies), limited by
+Each grade runs in a cgroup of its own (root; the class sandbox's kind, with a CPU quota), limited by
 --cpus and --memory where given, so that the peak is the grade's alone, page cache included, as a
 container's limit counts it, and a kill by the memory limit is seen (its OOM kills). The grade runs
 --no-sandbox: a job's sandbox makes cgroups of its own at the hierarchy's root, outside this one (in a
@@ -18,7 +18,6 @@ grades are timed and the memory is "not measured". Nothing is timed but by this 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -34,11 +33,13 @@ from typing import Any
 from rich.table import Table
 
 from harness.catalog import REPO
+from harness.classgrade.sandbox.cgroups import CGROUP_ROOT, Cgroup
+from harness.classgrade.sandbox.limits import Limits
 from harness.console import console
 from harness.usage import UsageError, positive_int
-from labs.common.host import MEMORY_EVENTS, PEAK_MEMORY, cgroup_counter, cgroup_number, cpu_model
+from labs.common.host import cpu_model
 
-ROOT = Path("/sys/fs/cgroup")
+PROCESSES = 4096  # threads count: a grade's launcher, ranks and evaluator start torch's threads each
 UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
@@ -66,31 +67,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 class Box:
-    """A cgroup of its own for one grade: memory (and a CPU quota where asked); None where not root."""
+    """A cgroup of its own for one grade (classgrade/sandbox/cgroups.py's, with a CPU quota where asked):
+    memory, processes, CPUs; None where this is not root."""
 
-    def __init__(self, cpus: float | None, memory: int | None) -> None:
-        name = f"distlab-bench-{uuid.uuid4().hex[:8]}"
-        self.version = 2 if (ROOT / "cgroup.controllers").is_file() else 1
-        self.dirs = ({"memory": ROOT / name, "cpu": ROOT / name} if self.version == 2 else
-                     {"memory": ROOT / "memory" / name, "cpu": ROOT / "cpu" / name})
-        for path in set(self.dirs.values()):
-            path.mkdir()
-        if self.version == 2:
-            with contextlib.suppress(OSError):
-                (ROOT / "cgroup.subtree_control").write_text("+memory +cpu")
-        if memory is not None:
-            (self.dirs["memory"] / ("memory.max" if self.version == 2 else "memory.limit_in_bytes")).write_text(
-                str(memory))
-            with contextlib.suppress(OSError):  # no swap: a container's limit is RAM
-                (self.dirs["memory"] / ("memory.swap.max" if self.version == 2 else
-                                        "memory.memsw.limit_in_bytes")).write_text(str(memory))
-        if cpus is not None:
-            quota = int(cpus * 100_000)
-            if self.version == 2:
-                (self.dirs["cpu"] / "cpu.max").write_text(f"{quota} 100000")
-            else:
-                (self.dirs["cpu"] / "cpu.cfs_period_us").write_text("100000")
-                (self.dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(quota))
+    def __init__(self, group: Cgroup) -> None:
+        self.group = group
 
     @classmethod
     def made(cls, cpus: float | None, memory: int | None) -> Box | None:
@@ -98,31 +79,24 @@ class Box:
             if cpus is not None or memory is not None:
                 raise UsageError("--cpus and --memory make a cgroup: run as root, or leave them out")
             return None
-        try:
-            return cls(cpus, memory)
-        except OSError as error:
-            raise UsageError(f"no cgroup could be made under {ROOT} ({error.strerror}): run where cgroups are "
-                             "writable, or leave --cpus and --memory out") from None
+        # No --memory: a limit of the machine's whole memory, which binds nothing (and keeps the evaluator warm).
+        limits = Limits(memory_bytes=memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+                        processes=PROCESSES)
+        group = Cgroup.create(f"bench-submission-{uuid.uuid4().hex[:8]}", limits, cpus)
+        if group is None:
+            raise UsageError(f"no cgroup could be made under {CGROUP_ROOT} (memory, pids and cpu): run where "
+                             "cgroups are writable, or leave --cpus and --memory out")
+        return cls(group)
 
     def enter(self) -> None:  # in the child, before exec: everything the grade starts stays inside
-        for path in set(self.dirs.values()):
-            (path / "cgroup.procs").write_text(str(os.getpid()))
+        for procs in self.group.procs_files():
+            Path(procs).write_text(str(os.getpid()))
 
     def account(self) -> dict[str, Any]:
-        memory = self.dirs["memory"]
-        return {"peak_memory_bytes": cgroup_number(memory / PEAK_MEMORY[self.version]),
-                "oom_kills": cgroup_counter(memory / MEMORY_EVENTS[self.version], "oom_kill")}
+        return {"peak_memory_bytes": self.group.peak_memory(), "oom_kills": self.group.oom_kills()}
 
     def remove(self) -> None:
-        for path in set(self.dirs.values()):
-            for _ in range(100):  # its last processes leave a moment after the grade ends
-                try:
-                    path.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.05)
+        self.group.remove()
 
 
 def checkout(rev: str, folder: Path) -> Path:

@@ -42,13 +42,16 @@ from labs.common.host import fingerprint, git_commit
 # ranks, in seconds-long runs (cpu-smoke's ddp row; the class benchmark of docs/grading-class.md used
 # it), so that a submission grades within Gradescope's default 10 minutes on the CPUs the grade needs.
 DEFAULT_PROFILE, DEFAULT_WORLD_SIZES = "cpu-smoke", [2]
-# The memory one submission's grade is given: 1 GiB for the grader, the launcher and the accuracy
-# evaluator, 1 GiB per rank. At world size 2 (3 GiB) in the Gradescope-like container
-# (tests/test_gradescope.py, docs/grading-class.md), with PyPI's CUDA torch, the correct program's
-# grade reached the limit (cgroup v1 counts page cache, which the kernel reclaimed) and no process
-# was killed; the wrong one's peaked at 2.3 GiB.
-MEMORY_PER_RANK_BYTES = 1 << 30
-MEMORY_BASE_BYTES = 1 << 30
+# The smallest box one submission's grade works in, measured (docs/grading-class.md, "The smallest box":
+# `distlab bench submission --profile cpu-smoke --world-sizes 2 --cpus C --memory M`, PyPI's CUDA torch,
+# 2026-12-06). Memory: at 768 MB (Gradescope's default) the limit killed a rank in the first run; at
+# 1.5 GB every run ended well (the evaluator then does not wait beside the runs: observe/accuracy.py,
+# keeps_warm); 512 MiB for the grader, the launcher and the evaluator, 512 MiB per rank. CPUs: half a
+# CPU graded in 297 s, within Gradescope's default 10 minutes; speed is judged only with a CPU per rank
+# (fewer, and it is "not comparable", its points kept), which the bundle asks for too.
+MEMORY_PER_RANK_BYTES = 1 << 29
+MEMORY_BASE_BYTES = 1 << 29
+MIN_CPUS = 0.5
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 GRADESCOPE_TIMEOUT_S = 600  # Gradescope's default autograder timeout; raise both together (AUTOGRADER_TIMEOUT_S)
 NOT_YET_DUE = dt.datetime.max.replace(tzinfo=dt.timezone.utc)  # Gradescope gives each submission its due date
@@ -138,12 +141,12 @@ def _package_tar() -> bytes:
     return buffer.getvalue()
 
 
-def needs(profile: profiles.Profile, lab: str, world_sizes: list[int]) -> dict[str, int]:
-    """The CPUs and memory one submission's grade needs: every rank a CPU of its own at the largest
-    world size, and the memory measured for it."""
+def needs(profile: profiles.Profile, lab: str, world_sizes: list[int]) -> dict[str, float]:
+    """The smallest box one submission's grade works in (CPUs, memory, measured for the largest world
+    size's ranks), and the CPUs its speed is judged with: every rank's threads a CPU of their own."""
     ranks = max(world_sizes)
-    return {"cpus": ranks * (profile.threads_per_rank or 1),
-            "memory_bytes": MEMORY_BASE_BYTES + ranks * MEMORY_PER_RANK_BYTES}
+    return {"cpus": MIN_CPUS, "memory_bytes": MEMORY_BASE_BYTES + ranks * MEMORY_PER_RANK_BYTES,
+            "speed_cpus": ranks * (profile.threads_per_rank or 1)}
 
 
 def write(args: argparse.Namespace) -> int:
@@ -192,6 +195,6 @@ def write(args: argparse.Namespace) -> int:
     out.write_bytes(buffer.getvalue())
     need = config["needs"]
     print(f"autograder bundle: {out} (setup.sh, run_autograder, autograder.json, rubric.toml, distlab.tar); "
-          f"select at least {need['cpus']} CPUs and {need['memory_bytes'] / (1 << 30):g} GB in Gradescope's "
-          f"autograder settings", flush=True)
+          f"in Gradescope's autograder settings select at least {need['memory_bytes'] / (1 << 30):g} GB of memory "
+          f"and {need['cpus']:g} CPU(s), and {need['speed_cpus']:g} CPUs for its speed to be judged", flush=True)
     return 0

@@ -79,13 +79,16 @@ def gib(value: float) -> str:
 
 
 def short_of(needs: dict[str, Any], cpus: float, memory: int | None) -> str | None:
-    """One line for staff when the container was given less than the grade needs, else None."""
+    """One line for staff when the container was given less than the grade needs (the smallest box it
+    works in), else None. It names the CPUs that have its speed judged too."""
     need_cpus, need_memory = needs.get("cpus", 1), needs.get("memory_bytes", 0)
     if cpus + 1e-6 >= need_cpus and (memory is None or memory >= need_memory):
         return None
-    return (f"This autograder needs {need_cpus:g} CPU(s) and {gib(need_memory)} of memory and was given "
-            f"{cpus:g} CPU(s) and {gib(memory) if memory else 'unknown memory'}: in the assignment's autograder "
-            f"settings, select at least {need_cpus:g} CPUs and {gib(need_memory)} of memory.")
+    speed = needs.get("speed_cpus")
+    return (f"This autograder needs {gib(need_memory)} of memory and {need_cpus:g} CPU(s) and was given "
+            f"{gib(memory) if memory else 'unknown memory'} and {cpus:g} CPU(s): in the assignment's autograder "
+            f"settings, select at least {gib(need_memory)} of memory and {need_cpus:g} CPU(s)"
+            + (f" ({speed:g} CPUs for its speed to be judged)." if speed and speed > need_cpus else "."))
 
 
 # ------------------------------------------------------------------------------ due dates, sandbox

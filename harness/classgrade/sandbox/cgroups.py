@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.classgrade.sandbox.limits import Limits
-from labs.common.host import MEMORY_EVENTS, PEAK_MEMORY, PIDS_EVENTS, cgroup_counter, cgroup_number
+from labs.common.host import MEMORY_EVENTS, PEAK_MEMORY, PIDS_EVENTS, cgroup_counter, cgroup_number, cpu_quota_settings
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -23,27 +23,29 @@ def job_cgroup_name(job: dict[str, Any]) -> str:
 
 class Cgroup:
     """The job's memory and process limits: cgroup v2 where its controllers are delegated, else
-    v1's memory and pids hierarchies; `None` from `create` where neither is writable."""
+    v1's memory and pids hierarchies; `None` from `create` where neither is writable. A CPU quota
+    too where one is asked for (`distlab bench submission`'s box; a job has none)."""
 
     def __init__(self, dirs: dict[str, Path], version: int) -> None:
         self.dirs, self.version = dirs, version
 
     @classmethod
-    def layout(cls, name: str) -> Cgroup | None:
+    def layout(cls, name: str, cpu: bool = False) -> Cgroup | None:
         """Where the cgroup of this name lives on this host (made or not): v2 where its memory and pids
-        controllers are there, else v1's two hierarchies; None where neither is."""
+        controllers (and cpu, with `cpu`) are there, else v1's hierarchies; None where neither is."""
+        kinds = ("memory", "pids", *(("cpu",) if cpu else ()))
         unified = CGROUP_ROOT / "cgroup.controllers"
         with contextlib.suppress(OSError):
-            if unified.is_file() and {"memory", "pids"} <= set(unified.read_text().split()):
+            if unified.is_file() and set(kinds) <= set(unified.read_text().split()):
                 top = CGROUP_ROOT / "distlab"
-                return cls({"memory": top / name, "pids": top / name}, 2)
-        if (CGROUP_ROOT / "memory").is_dir() and (CGROUP_ROOT / "pids").is_dir():
-            return cls({kind: CGROUP_ROOT / kind / "distlab" / name for kind in ("memory", "pids")}, 1)
+                return cls(dict.fromkeys(kinds, top / name), 2)
+        if all((CGROUP_ROOT / kind).is_dir() for kind in kinds):
+            return cls({kind: CGROUP_ROOT / kind / "distlab" / name for kind in kinds}, 1)
         return None
 
     @classmethod
-    def create(cls, name: str, limits: Limits) -> Cgroup | None:
-        group = cls.layout(name)
+    def create(cls, name: str, limits: Limits, cpus: float | None = None) -> Cgroup | None:
+        group = cls.layout(name, cpu=cpus is not None)
         try:
             if group is None:
                 return None
@@ -51,10 +53,12 @@ class Cgroup:
                 top = CGROUP_ROOT / "distlab"
                 top.mkdir(exist_ok=True)
                 with contextlib.suppress(OSError):
-                    (top / "cgroup.subtree_control").write_text("+memory +pids")
+                    (top / "cgroup.subtree_control").write_text("+memory +pids" + (" +cpu" if cpus else ""))
             for path in set(group.dirs.values()):
                 path.mkdir(parents=True, exist_ok=True)
             group.limit(limits)
+            for file, value in cpu_quota_settings(cpus, group.version).items() if cpus is not None else ():
+                group._write("cpu", file, value)
             return group
         except OSError:
             return None
