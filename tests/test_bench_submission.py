@@ -28,10 +28,16 @@ def one_cell_profile(folder: Path) -> Path:
 
 
 def test_bad_sizes_and_commits_are_one_line_and_exit_2(tmp_path):
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "earlier-grade").write_text("kept")
     for args, words in ((["--memory", "12"], "less than 64 MB"), (["--memory", "lots"], "size such as 768M"),
-                        (["--against", "no-such-commit"], "no such commit")):
-        done = run_distlab(["bench", "submission", *args, "--keep", str(tmp_path / "k")])
+                        (["--cpus", "0"], "more than 0"), (["--against", "no-such-commit"], "no such commit"),
+                        (["--keep", str(kept)], "is not empty")):
+        done = run_distlab(["bench", "submission", *args, *(["--keep", str(tmp_path / "k")] if "--keep" not in args
+                                                             else [])])
         assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
+    assert [p.name for p in kept.iterdir()] == ["earlier-grade"]  # nothing of it touched
 
 
 @pytest.mark.integration

@@ -139,8 +139,22 @@ def grade_once(code: Path, subs: Path, results: Path, args: argparse.Namespace) 
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cpus is not None and args.cpus <= 0:
+        raise UsageError(f"--cpus must be more than 0, e.g. 0.5 (got {args.cpus:g})")
+    if args.keep and args.keep.exists() and any(args.keep.iterdir()):
+        raise UsageError(f"{args.keep} is not empty; give a new folder to --keep (earlier grades are never "
+                         "overwritten)")
     folder = args.keep or Path(tempfile.mkdtemp(prefix="distlab-bench-submission-"))
     folder.mkdir(parents=True, exist_ok=True)
+    try:
+        return compare(args, folder)
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def compare(args: argparse.Namespace, folder: Path) -> int:
+    """The grades, alternating, and their table."""
     versions = {"this checkout": REPO}
     if args.against:
         versions[f"--against {args.against}"] = checkout(args.against, folder)
