@@ -101,6 +101,10 @@ CASES = [
      "tests/test_adversarial.py"),
     ("a job template option with shell in it", "distlab template slurm-torchrun --ifname eth0;reboot",
      "tests/test_adversarial.py"),
+    ("a benchmark box smaller than any grade", "distlab bench submission --memory 12",
+     "tests/test_bench_submission.py"),
+    ("a benchmark kept where earlier grades are", "distlab bench submission --keep {subs}",
+     "tests/test_bench_submission.py"),
 ]
 
 # Not inputs but things done to a run, or by the program it runs: each is a case of
