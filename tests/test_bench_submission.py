@@ -8,23 +8,10 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 import pytest
-import tomli_w
 from conftest import run_distlab
-
-from harness.verdict.profiles import PROFILE_DIR, tomllib
-
-
-def one_cell_profile(folder: Path) -> Path:
-    data = tomllib.loads((PROFILE_DIR / "cpu-smoke.toml").read_text())
-    ddp = {key: value for key, value in data["labs"]["ddp"].items() if key not in ("single_device", "reference")}
-    ddp["metrics"] = {name: band for name, band in ddp.get("metrics", {}).items() if name != "img_per_sec"}
-    data.update(name="bench-one-cell", auto_select=False, labs={"ddp": {**ddp, "world_sizes": [2]}})
-    path = folder / "profile.toml"
-    path.write_text(tomli_w.dumps(data))
-    return path
+from test_grade_class import class_profile  # the class tests' one cell: cpu-smoke's ddp at 2, no band
 
 
 def test_bad_sizes_and_commits_are_one_line_and_exit_2(tmp_path):
@@ -43,7 +30,7 @@ def test_bad_sizes_and_commits_are_one_line_and_exit_2(tmp_path):
 @pytest.mark.integration
 def test_this_checkout_and_an_earlier_commit_grade_the_course_lab_alike(tmp_path):
     done = run_distlab(["bench", "submission", "--against", "HEAD", "--repeats", "1",
-                        "--profile", str(one_cell_profile(tmp_path)), "--keep", str(tmp_path / "bench")], timeout=900)
+                        "--profile", str(class_profile(tmp_path)), "--keep", str(tmp_path / "bench")], timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = re.findall(r"^  (this checkout|--against HEAD) 1: graded (\S+) in [\d.]+ s(.*)$", done.stdout, re.M)
     assert [name for name, _, _ in lines] == ["this checkout", "--against HEAD"], done.stdout
