@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from labs.common.host import free_port
+
 NODES = ("n1", "n2")
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "sacct", "scontrol", "sinfo", "squeue", "scancel")
 READY_S = 60.0  # slurmd registers within a few seconds here; a loaded CI machine gets 10x
@@ -44,15 +46,10 @@ def missing_tools() -> list[str]:
     return [tool for tool in DAEMONS if not shutil.which(tool)]
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
 
 def write_config(folder: Path, cpus: int) -> Path:
     """slurm.conf for a controller and two nodes on 127.0.0.1, every path inside `folder`."""
-    ctld_port, *node_ports = (_free_port() for _ in range(1 + len(NODES)))
+    ctld_port, *node_ports = (free_port() for _ in range(1 + len(NODES)))
     host = socket.gethostname()
     for sub in ("state", "spool", *(f"tmp/{n}" for n in NODES)):
         (folder / sub).mkdir(parents=True, exist_ok=True)

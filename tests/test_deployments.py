@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -34,6 +33,8 @@ import jsonschema
 import k8s_operators
 import pytest
 from conftest import HOROVOD, MPI, python_without_distlab
+
+from labs.common.host import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DISTLAB = str(Path(sys.executable).parent / "distlab")
@@ -108,11 +109,6 @@ def test_the_bundle_grades_a_submission_in_gradescope_s_tree_with_the_uid_sandbo
 
 
 # ------------------------------------------------------------------------------------ Kubernetes
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def on_this_host(job: k8s_operators.Job, workspace: Path, mpi_config: Path) -> list[tuple[str, list[str], dict]]:

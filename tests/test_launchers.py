@@ -7,6 +7,7 @@ import pytest
 
 from harness.run import launchers
 from harness.run.launchers import LAUNCHERS, LaunchSpec
+from labs.common import host
 from labs.common.host import Cores
 
 
@@ -202,3 +203,18 @@ def test_mpirun_tags_rank_output_in_its_own_open_mpi_s_spelling(tmp_path, versio
     at = command.index(tag[0])
     assert command[at:at + len(tag)] == tag
     assert ("--output" in command) is (tag[0] == "--output") and ("--tag-output" in command) is (len(tag) == 1)
+
+
+def test_the_rendezvous_port_is_one_no_socket_of_the_kernels_choosing_can_take(monkeypatch, tmp_path):
+    """MASTER_PORT is bound later, by rank 0: from the ephemeral range, an outgoing connection or a
+    listener of Gloo or mpirun could take it in between (CI: "Address already in use" on rank 0)."""
+    low, high = host.ephemeral_ports()
+    ports = {host.free_port() for _ in range(20)}
+    assert all(host.LOWEST_PORT <= port < low or high < port <= 65535 for port in ports), (ports, low, high)
+    assert len(ports) > 1  # chosen at random: two runs starting together do not pick one port
+    # A range that leaves nothing outside it: the kernel picks, as before.
+    whole = tmp_path / "ip_local_port_range"
+    whole.write_text("1024\t65535\n")
+    monkeypatch.setattr(host, "EPHEMERAL_PORTS_FILE", whole)
+    assert host.ephemeral_ports() == (1024, 65535)
+    assert 1024 <= host.free_port() <= 65535

@@ -10,6 +10,7 @@ import contextlib
 import math
 import os
 import platform
+import random
 import socket
 import subprocess
 import sys
@@ -308,8 +309,35 @@ def git_commit(where: Path = REPO) -> str | None:
     return None
 
 
+# Where free_port looks when the kernel's range cannot be read: Linux's default ephemeral range.
+DEFAULT_EPHEMERAL_PORTS = (32768, 60999)
+EPHEMERAL_PORTS_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10000  # below it, the ports that services are configured on (SSH, 3000, 5432, 8080...)
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel takes a port from for a socket that names none (bind to 0, connect)."""
+    with contextlib.suppress(OSError, ValueError):
+        low, high = map(int, EPHEMERAL_PORTS_FILE.read_text().split())
+        return low, high
+    return DEFAULT_EPHEMERAL_PORTS
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` right now (the OS picks it), for a store or rendezvous to bind."""
+    """A TCP port free on `host` now and outside the ephemeral range, for a store or rendezvous to bind later.
+
+    Outside the range because the port is bound later, by another process (rank 0): a port the kernel
+    picks (bind to 0) comes from the ephemeral range, where every outgoing connection, Gloo's listeners
+    and mpirun's daemons take theirs, and on a busy host one of them took it in between (CI, twice in
+    one suite: "Address already in use" on rank 0). A port outside it is only ever taken by a bind that
+    names it. The kernel picks when no port is left outside the range.
+    """
+    low, high = ephemeral_ports()
+    outside = [*range(LOWEST_PORT, low), *range(high + 1, 65536)]
+    for port in random.sample(outside, min(64, len(outside))):
+        with socket.socket() as sock, contextlib.suppress(OSError):
+            sock.bind((host, port))
+            return port
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

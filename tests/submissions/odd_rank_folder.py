@@ -1,6 +1,7 @@
 """Hostile: leaves a rank folder named like no rank ("x") where torchrun keeps the ranks' output, and a
 link in place of a restart attempt's folder, to a folder of its own holding a planted rank log: a grader
 taking the name for a number fails, one following the link copies what the link points at."""
+import contextlib
 import os
 import pathlib
 
@@ -11,6 +12,7 @@ run = next((p for p in logs.iterdir() if p.is_dir()), logs / "run")
 planted = pathlib.Path("elsewhere") / "0"
 planted.mkdir(parents=True, exist_ok=True)
 (planted / "stdout.log").write_text("PLANTED-THROUGH-A-LINK\n")
-if os.environ.get("RANK", "0") == "0":
+# Every rank plants the link before it fails: torchrun ends the others when the first rank exits.
+with contextlib.suppress(FileExistsError):
     os.symlink(os.path.abspath("elsewhere"), run / "attempt_9")
 raise SystemExit(1)
