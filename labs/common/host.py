@@ -328,9 +328,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
     Outside the range because the port is bound later, by another process (rank 0): a port the kernel
     picks (bind to 0) comes from the ephemeral range, where every outgoing connection, Gloo's listeners
-    and mpirun's daemons take theirs, and on a busy host one of them took it in between (CI, twice in
-    one suite: "Address already in use" on rank 0). A port outside it is only ever taken by a bind that
-    names it. The kernel picks when no port is left outside the range.
+    and mpirun's daemons take theirs, and on a busy host one of them took it in between (CI: "Address
+    already in use" on rank 0). A port outside it is only ever taken by a bind that names it. The kernel
+    picks when no port is left outside the range.
     """
     low, high = ephemeral_ports()
     outside = [*range(LOWEST_PORT, low), *range(high + 1, 65536)]
